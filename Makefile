@@ -1,0 +1,36 @@
+# convgen: `make` sets up, builds the default kernel set and shows a comparison; `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CONVGEN := $(PY) -m convgen
+INSTALLED := $(VENV)/.installed
+
+.PHONY: all setup build generate compare test bench sanitize clean
+
+all: build generate compare
+
+setup: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(INSTALLED)
+
+build: $(INSTALLED)
+	$(CONVGEN) build kernels.toml
+
+generate: $(INSTALLED)
+	$(CONVGEN) generate kernels.toml -o generated/
+
+compare: build
+	$(CONVGEN) compare k3s1p1 --shape 8,64,56,56,64 --repeat 5
+	$(CONVGEN) compare k7s2p3 --shape 8,3,224,224,64 --repeat 5
+	$(CONVGEN) compare k3s1p1 --shape 1,32,32,32,32 --repeat 5
+
+test: $(INSTALLED)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) generated build *.egg-info .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,22 @@
+"""convgen: a compiler for 2-D convolution kernels.
+
+A convolution's fixed parameters (kernel size, stride, padding, dilation, dtype, layout) are rendered
+into C from Jinja templates, built with cffi, cached on disk and exposed as functions on NumPy arrays.
+Every kernel exists specialized (parameters are compile-time constants) and generic (the same template
+with the parameters as run-time arguments).
+"""
+
+__version__ = "0.1.0"
+
+from .cache import CacheError, cache_clear, cache_info
+from .build import BuildError
+from .kernels import configure, get_kernels, build_all, num_threads, set_num_threads
+from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
+from .spec import ConvSpec, Window
+from . import reference
+
+__all__ = [
+    "conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward",
+    "ConvSpec", "Window", "get_kernels", "build_all", "configure", "num_threads", "set_num_threads",
+    "cache_info", "cache_clear", "CacheError", "BuildError", "reference",
+]

@@ -1,0 +1,172 @@
+"""The on-disk cache of built kernel modules: the only module that touches the disk.
+
+A module is named after a hash of everything that changes its binary, so a changed template,
+compiler, flag, schedule or interpreter can never load an old binary. Builds happen in a private
+temporary directory under an inter-process lock and are published with an atomic rename, next to
+a digest of the published file; a module whose digest does not match, or that fails to import, is
+rebuilt with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import stat
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from .build import extension_suffix
+
+MODULE_PREFIX = "_cg_"
+
+
+class CacheError(RuntimeError):
+    """The cache directory cannot be used safely."""
+
+
+def cache_dir() -> Path:
+    """CONVGEN_CACHE_DIR, else $XDG_CACHE_HOME/convgen, else ~/.cache/convgen."""
+    if os.environ.get("CONVGEN_CACHE_DIR"):
+        return Path(os.environ["CONVGEN_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "convgen"
+
+
+def checked_cache_dir(create: bool = True) -> Path:
+    """The cache directory, created 0700 if missing, refused unless private to this user.
+
+    A directory that others can write to could hold a planted module that would run as this user.
+    """
+    path = cache_dir()
+    if create:
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the convgen cache directory {path}: {exc}") from exc
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISDIR(info.st_mode):
+        raise CacheError(f"the convgen cache path {path} is not a directory")
+    if info.st_uid != os.getuid():
+        raise CacheError(f"refusing the convgen cache directory {path}: it is owned by uid {info.st_uid}, "
+                         f"not by this user ({os.getuid()}); set CONVGEN_CACHE_DIR to a private directory")
+    if info.st_mode & 0o022:
+        raise CacheError(f"refusing the convgen cache directory {path}: it is writable by group or others "
+                         f"(mode {stat.S_IMODE(info.st_mode):04o}); run `chmod 700 {path}` or set CONVGEN_CACHE_DIR")
+    return path
+
+
+def module_key(*parts: str) -> str:
+    """Hash of everything that changes a module's binary."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def module_name(key: str) -> str:
+    # cffi bakes the module name into the binary, so the name carries the key.
+    return MODULE_PREFIX + key[:32]
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _import_extension(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_load(name: str, so_path: Path, digest_path: Path):
+    """The published module, or None if it is absent; raises ImportError if it is damaged."""
+    if not so_path.exists():
+        return None
+    if not digest_path.exists() or digest_path.read_text().strip() != _file_digest(so_path):
+        raise ImportError(f"{so_path.name} does not match its recorded digest (truncated or modified)")
+    return _import_extension(name, so_path)
+
+
+def load_or_build(key: str, build: Callable[[str, Path], Path]):
+    """Import the module for `key`, building it first (once, across processes) if needed.
+
+    `build(module_name, build_dir)` compiles the module into build_dir and returns the .so path.
+    Returns (module, built) where built says whether this call compiled it.
+    """
+    directory = checked_cache_dir()
+    name = module_name(key)
+    so_path = directory / f"{name}{extension_suffix()}"
+    digest_path = directory / f"{name}.sha256"
+    with contextlib.suppress(ImportError):
+        module = _try_load(name, so_path, digest_path)
+        if module is not None:
+            return module, False
+    with _locked(directory / f"{name}.lock"):
+        # Another process may have published it while this one waited for the lock.
+        try:
+            module = _try_load(name, so_path, digest_path)
+            if module is not None:
+                return module, False
+        except ImportError as exc:
+            warnings.warn(f"convgen: rebuilding the damaged cached kernel module {so_path.name}: {exc}",
+                          RuntimeWarning, stacklevel=3)
+        build_dir = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=".build", dir=directory))
+        try:
+            built = build(name, build_dir)
+            digest = _file_digest(built)
+            tmp_digest = build_dir / "digest"
+            tmp_digest.write_text(digest + "\n")
+            os.replace(built, so_path)
+            os.replace(tmp_digest, digest_path)
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
+        return _import_extension(name, so_path), True
+
+
+def cache_info() -> dict:
+    """Where the cache is, how many modules it holds and their total size in bytes."""
+    directory = cache_dir()
+    modules = sorted(directory.glob(f"{MODULE_PREFIX}*{extension_suffix()}")) if directory.is_dir() else []
+    return {"dir": str(directory), "modules": len(modules), "bytes": sum(p.stat().st_size for p in modules)}
+
+
+def cache_clear() -> int:
+    """Delete every cached module (and its digest and lock); return how many modules were removed."""
+    directory = cache_dir()
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for path in directory.glob(f"{MODULE_PREFIX}*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        if path.name.endswith(extension_suffix()):
+            removed += 1
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return removed

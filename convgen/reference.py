@@ -1,0 +1,499 @@
+"""Plain-NumPy reference implementations of 2-D convolution (the test oracle).
+
+Every compiled kernel in convgen is checked against this module, so it is written
+to be *obviously* correct rather than fast, and it deliberately uses different
+algorithms from the fast path (which is im2col + GEMM / col2im):
+
+* ``conv2d`` gathers: for each output position it takes the receptive field of the
+  zero-padded input and contracts it with the weights (CS231n "naive" style).
+* ``conv_transpose2d`` scatters: for each input position it adds the input value
+  times the kernel into an output canvas, then crops the padding away.
+* The backward passes are written out as their own loops, not by calling the
+  forward functions.
+
+All loops run over spatial positions only; batch and channels are vectorized with
+``numpy.tensordot``.  Computation happens in float64 and the result is cast back
+to ``numpy.result_type`` of the inputs (integer/bool inputs give float64).
+
+This module imports nothing from convgen: it has its own argument normalization
+and shape arithmetic, so a bug there cannot hide a bug in the fast path.
+
+Conventions (PyTorch semantics; TensorFlow weight layouts for NHWC):
+
+==========  ==============  ===========================  ================================
+layout      activations     conv2d weight                conv_transpose2d weight
+==========  ==============  ===========================  ================================
+``NCHW``    (N, C, H, W)    (F, C/groups, KH, KW)        (C_in, C_out/groups, KH, KW)
+``NHWC``    (N, H, W, C)    (KH, KW, C/groups, F)        (KH, KW, C_out/groups, C_in)
+==========  ==============  ===========================  ================================
+
+``stride`` and ``dilation`` are an int or an (h, w) pair.  ``padding`` is an int,
+an (h, w) pair (symmetric), ``((top, bottom), (left, right))``, ``"valid"`` or
+``"same"`` (TensorFlow's rule; see :func:`resolve_padding`).
+"""
+
+import operator
+
+import numpy as np
+
+__all__ = [
+    "conv2d",
+    "conv2d_backward",
+    "conv_transpose2d",
+    "conv_transpose2d_backward",
+    "conv2d_output_size",
+    "conv_transpose2d_output_size",
+    "resolve_padding",
+]
+
+_LAYOUTS = ("NCHW", "NHWC")
+
+
+# --------------------------------------------------------------------------
+# Shape arithmetic
+# --------------------------------------------------------------------------
+
+def conv2d_output_size(in_size, k, stride, pad_before, pad_after, dilation):
+    """Output length of a convolution along one spatial dimension.
+
+    ``(in + pad_before + pad_after - dilation*(k-1) - 1) // stride + 1``.
+    The result may be zero or negative for impossible configurations; callers
+    decide whether that is an error.
+    """
+    span = dilation * (k - 1) + 1  # extent of the dilated kernel
+    return (in_size + pad_before + pad_after - span) // stride + 1
+
+
+def conv_transpose2d_output_size(in_size, k, stride, pad_before, pad_after,
+                                 dilation, output_padding):
+    """Output length of a transposed convolution along one spatial dimension.
+
+    ``(in - 1)*stride - pad_before - pad_after + dilation*(k-1) + output_padding + 1``
+    (PyTorch's formula).
+    """
+    return ((in_size - 1) * stride - pad_before - pad_after
+            + dilation * (k - 1) + output_padding + 1)
+
+
+def _same_pads_1d(in_size, k, stride, dilation, transposed):
+    """(before, after) padding for ``"same"`` along one dimension.
+
+    Forward (TensorFlow): ``out = ceil(in / s)``,
+    ``total = max((out - 1)*s + d*(k - 1) + 1 - in, 0)``.
+    Transposed: the forward rule applied to the *output* of size ``in*s``,
+    i.e. ``total = max((in - 1)*s + d*(k - 1) + 1 - in*s, 0)``.
+    The extra odd pixel goes after (bottom/right).
+    """
+    span = dilation * (k - 1) + 1
+    if transposed:
+        total = max((in_size - 1) * stride + span - in_size * stride, 0)
+    else:
+        out = -(-in_size // stride)  # ceil division
+        total = max((out - 1) * stride + span - in_size, 0)
+    before = total // 2
+    return before, total - before
+
+
+def _same_transpose_output_padding_1d(in_size, k, stride, dilation):
+    """Implicit output_padding that makes a ``"same"`` transposed conv output ``in*s``."""
+    before, after = _same_pads_1d(in_size, k, stride, dilation, transposed=True)
+    total = before + after
+    return in_size * stride - ((in_size - 1) * stride - total + dilation * (k - 1) + 1)
+
+
+def _as_int(value, name):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {value!r}") from None
+
+
+def _pair(value, name):
+    """Normalize an int or an (h, w) pair to a tuple of two ints."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name}: expected an int or an (h, w) pair, got {value!r}")
+        return (_as_int(value[0], name), _as_int(value[1], name))
+    v = _as_int(value, name)
+    return (v, v)
+
+
+def _positive_pair(value, name):
+    pair = _pair(value, name)
+    if pair[0] < 1 or pair[1] < 1:
+        raise ValueError(f"{name}: expected positive values, got {value!r}")
+    return pair
+
+
+def resolve_padding(padding, in_hw, k_hw, stride_hw, dilation_hw, transposed=False):
+    """Normalize ``padding`` to ``((top, bottom), (left, right))``.
+
+    Accepted forms: an int (all four sides), an (h, w) pair (symmetric per
+    dimension), an explicit ``((top, bottom), (left, right))``, or the strings
+    ``"valid"`` (no padding) and ``"same"`` (case-insensitive).
+
+    ``in_hw`` is the spatial size of the op's input (for a transposed conv,
+    its input, i.e. the smaller side).  With ``"same"`` a forward conv gives
+    ``ceil(in / stride)`` outputs and a transposed conv gives ``in * stride``
+    (the latter also needs the implicit output_padding that
+    :func:`conv_transpose2d` adds itself).
+    """
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode == "valid":
+            return ((0, 0), (0, 0))
+        if mode == "same":
+            return tuple(
+                _same_pads_1d(in_hw[a], k_hw[a], stride_hw[a], dilation_hw[a], transposed)
+                for a in range(2)
+            )
+        raise ValueError(f"padding: expected 'same' or 'valid', got {padding!r}")
+
+    if isinstance(padding, (tuple, list)):
+        if len(padding) != 2:
+            raise ValueError(
+                "padding: expected an int, (h, w), ((top, bottom), (left, right)), "
+                f"'same' or 'valid', got {padding!r}")
+        if all(isinstance(p, (tuple, list)) for p in padding):
+            pads = tuple(_pair(p, "padding") for p in padding)
+        elif not any(isinstance(p, (tuple, list)) for p in padding):
+            ph, pw = _pair(padding, "padding")
+            pads = ((ph, ph), (pw, pw))
+        else:
+            raise ValueError(f"padding: cannot mix ints and pairs, got {padding!r}")
+    else:
+        p = _as_int(padding, "padding")
+        pads = ((p, p), (p, p))
+
+    if min(pads[0] + pads[1]) < 0:
+        raise ValueError(f"padding: expected non-negative values, got {padding!r}")
+    return pads
+
+
+# --------------------------------------------------------------------------
+# Layout and dtype helpers
+# --------------------------------------------------------------------------
+
+def _check_layout(layout):
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: expected one of {_LAYOUTS}, got {layout!r}")
+
+
+def _check_4d(a, name):
+    if a.ndim != 4:
+        raise ValueError(f"{name}: expected a 4-D array, got shape {a.shape}")
+
+
+def _act_to_nchw(a, layout):
+    """Activations in ``layout`` -> float64 NCHW copy."""
+    a = np.asarray(a)
+    if layout == "NHWC":
+        a = a.transpose(0, 3, 1, 2)
+    return np.array(a, dtype=np.float64)  # always a copy: inputs are never touched
+
+
+def _act_from_nchw(a, layout, dtype):
+    if layout == "NHWC":
+        a = a.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _weight_to_torch(w, layout):
+    """Weights in ``layout`` -> float64 PyTorch order (out-ish, in-ish, KH, KW).
+
+    For both conv2d (KH, KW, C/g, F) -> (F, C/g, KH, KW) and conv_transpose2d
+    (KH, KW, C_out/g, C_in) -> (C_in, C_out/g, KH, KW) the permutation is the same.
+    """
+    w = np.asarray(w)
+    if layout == "NHWC":
+        w = w.transpose(3, 2, 0, 1)
+    return np.array(w, dtype=np.float64)
+
+
+def _weight_from_torch(w, layout, dtype):
+    if layout == "NHWC":
+        w = w.transpose(2, 3, 1, 0)
+    return np.ascontiguousarray(w, dtype=dtype)
+
+
+def _result_dtype(*arrays):
+    dtype = np.result_type(*[np.asarray(a) for a in arrays if a is not None])
+    if not np.issubdtype(dtype, np.floating):
+        dtype = np.dtype(np.float64)
+    return dtype
+
+
+# --------------------------------------------------------------------------
+# Geometry: everything a loop needs, computed once per call
+# --------------------------------------------------------------------------
+
+def _conv2d_geometry(x_shape, w_shape, stride, padding, dilation, groups):
+    """Validate a conv2d (NCHW / PyTorch weights) and return its sizes."""
+    N, C, H, W = x_shape
+    F, Cg, KH, KW = w_shape
+    groups = _as_int(groups, "groups")
+    if groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups}")
+    if C % groups or F % groups:
+        raise ValueError(
+            f"groups: input channels ({C}) and output channels ({F}) must both be "
+            f"divisible by groups ({groups})")
+    if Cg != C // groups:
+        raise ValueError(
+            f"w: expected {C // groups} input channels per group "
+            f"(C={C}, groups={groups}), got weight shape {w_shape}")
+    if KH < 1 or KW < 1:
+        raise ValueError(f"w: kernel size must be positive, got {(KH, KW)}")
+    sh, sw = _positive_pair(stride, "stride")
+    dh, dw = _positive_pair(dilation, "dilation")
+    (top, bottom), (left, right) = resolve_padding(
+        padding, (H, W), (KH, KW), (sh, sw), (dh, dw), transposed=False)
+    Ho = conv2d_output_size(H, KH, sh, top, bottom, dh)
+    Wo = conv2d_output_size(W, KW, sw, left, right, dw)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(
+            f"conv2d: output size {(Ho, Wo)} is not positive for input {(H, W)}, "
+            f"kernel {(KH, KW)}, stride {(sh, sw)}, padding {((top, bottom), (left, right))}, "
+            f"dilation {(dh, dw)}")
+    return dict(N=N, C=C, H=H, W=W, F=F, KH=KH, KW=KW, sh=sh, sw=sw, dh=dh, dw=dw,
+                top=top, bottom=bottom, left=left, right=right, Ho=Ho, Wo=Wo,
+                groups=groups)
+
+
+def _conv_transpose2d_geometry(x_shape, w_shape, stride, padding, output_padding,
+                               dilation, groups):
+    """Validate a conv_transpose2d (NCHW / PyTorch weights) and return its sizes."""
+    N, Cin, H, W = x_shape
+    Cin_w, Cog, KH, KW = w_shape
+    groups = _as_int(groups, "groups")
+    if groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups}")
+    if Cin_w != Cin:
+        raise ValueError(
+            f"w: expected {Cin} input channels (dimension C_in of the weight), "
+            f"got weight shape {w_shape}")
+    if Cin % groups:
+        raise ValueError(f"groups: input channels ({Cin}) must be divisible by groups ({groups})")
+    if KH < 1 or KW < 1 or Cog < 1:
+        raise ValueError(f"w: kernel and channel sizes must be positive, got shape {w_shape}")
+    Cout = Cog * groups
+    sh, sw = _positive_pair(stride, "stride")
+    dh, dw = _positive_pair(dilation, "dilation")
+    oph, opw = _pair(output_padding, "output_padding")
+    for op, s, d, axis in ((oph, sh, dh, "h"), (opw, sw, dw, "w")):
+        if not 0 <= op < max(s, d):
+            raise ValueError(
+                f"output_padding: must satisfy 0 <= output_padding < max(stride, dilation) "
+                f"per dimension; got {op} along {axis} with stride {s}, dilation {d}")
+    (top, bottom), (left, right) = resolve_padding(
+        padding, (H, W), (KH, KW), (sh, sw), (dh, dw), transposed=True)
+    if isinstance(padding, str) and padding.lower() == "same":
+        if (oph, opw) != (0, 0):
+            raise ValueError(
+                f"output_padding: must be 0 with padding='same', got {output_padding!r}")
+        oph = _same_transpose_output_padding_1d(H, KH, sh, dh)
+        opw = _same_transpose_output_padding_1d(W, KW, sw, dw)
+    Ho = conv_transpose2d_output_size(H, KH, sh, top, bottom, dh, oph)
+    Wo = conv_transpose2d_output_size(W, KW, sw, left, right, dw, opw)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(
+            f"conv_transpose2d: output size {(Ho, Wo)} is not positive for input {(H, W)}, "
+            f"kernel {(KH, KW)}, stride {(sh, sw)}, padding {((top, bottom), (left, right))}, "
+            f"dilation {(dh, dw)}, output_padding {(oph, opw)}")
+    # The scatter canvas holds every position a (input pixel, tap) pair can reach,
+    # and is extended with zeros when output_padding reaches past it.
+    canvas_h = max((H - 1) * sh + dh * (KH - 1) + 1, top + Ho)
+    canvas_w = max((W - 1) * sw + dw * (KW - 1) + 1, left + Wo)
+    return dict(N=N, Cin=Cin, H=H, W=W, Cout=Cout, KH=KH, KW=KW, sh=sh, sw=sw,
+                dh=dh, dw=dw, top=top, bottom=bottom, left=left, right=right,
+                Ho=Ho, Wo=Wo, groups=groups, canvas_h=canvas_h, canvas_w=canvas_w)
+
+
+def _window(g, h0, w0):
+    """Index tuple (spatial part) of the dilated kernel window anchored at (h0, w0)."""
+    return (slice(h0, h0 + g["dh"] * (g["KH"] - 1) + 1, g["dh"]),
+            slice(w0, w0 + g["dw"] * (g["KW"] - 1) + 1, g["dw"]))
+
+
+# --------------------------------------------------------------------------
+# conv2d
+# --------------------------------------------------------------------------
+
+def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+    """2-D cross-correlation (PyTorch ``conv2d`` semantics).
+
+    ``y[n, f, oh, ow] = bias[f] + sum_{c, i, j} w[f, c, i, j] *
+    xpad[n, g*Cg + c, oh*sh + i*dh, ow*sw + j*dw]`` where ``g = f // (F/groups)``
+    and ``xpad`` is ``x`` zero-padded by (top, bottom, left, right).
+
+    Returns ``y`` of shape (N, F, Ho, Wo) for NCHW or (N, Ho, Wo, F) for NHWC.
+    """
+    _check_layout(layout)
+    x_in, w_in = np.asarray(x), np.asarray(w)
+    _check_4d(x_in, "x")
+    _check_4d(w_in, "w")
+    dtype = _result_dtype(x_in, w_in, bias)
+    x64 = _act_to_nchw(x_in, layout)
+    w64 = _weight_to_torch(w_in, layout)
+    g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
+    F, G = g["F"], g["groups"]
+    Cg, Fg = g["C"] // G, F // G
+
+    b64 = np.zeros(F)
+    if bias is not None:
+        b64 = np.array(np.asarray(bias), dtype=np.float64)
+        if b64.shape != (F,):
+            raise ValueError(f"bias: expected shape {(F,)}, got {b64.shape}")
+
+    xpad = np.pad(x64, ((0, 0), (0, 0), (g["top"], g["bottom"]), (g["left"], g["right"])))
+    y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
+    for oh in range(g["Ho"]):
+        for ow in range(g["Wo"]):
+            field = xpad[(slice(None), slice(None)) + _window(g, oh * g["sh"], ow * g["sw"])]
+            for grp in range(G):
+                cs, fs = slice(grp * Cg, (grp + 1) * Cg), slice(grp * Fg, (grp + 1) * Fg)
+                # (N, Cg, KH, KW) . (Fg, Cg, KH, KW) -> (N, Fg)
+                y[:, fs, oh, ow] = np.tensordot(field[:, cs], w64[fs], axes=([1, 2, 3], [1, 2, 3]))
+    y += b64[None, :, None, None]
+    return _act_from_nchw(y, layout, dtype)
+
+
+def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+    """Gradients of ``sum(conv2d(x, w, b) * dy)`` with respect to x, w and b.
+
+    Returns ``(dx, dw, db)`` with the shapes (and layout) of ``x``, ``w`` and (F,).
+    For every output position: ``db += dy``, ``dw += dy^T . field`` and the
+    field-shaped ``dy . w`` is scatter-added into a padded canvas, which is
+    finally cropped back to the input size.
+    """
+    _check_layout(layout)
+    dy_in, x_in, w_in = np.asarray(dy), np.asarray(x), np.asarray(w)
+    for a, name in ((dy_in, "dy"), (x_in, "x"), (w_in, "w")):
+        _check_4d(a, name)
+    dtype = _result_dtype(dy_in, x_in, w_in)
+    x64 = _act_to_nchw(x_in, layout)
+    w64 = _weight_to_torch(w_in, layout)
+    dy64 = _act_to_nchw(dy_in, layout)
+    g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
+    N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
+    Cg, Fg = C // G, F // G
+    if dy64.shape != (N, F, g["Ho"], g["Wo"]):
+        raise ValueError(
+            f"dy: expected NCHW-equivalent shape {(N, F, g['Ho'], g['Wo'])}, got {dy64.shape}")
+
+    top, left = g["top"], g["left"]
+    xpad = np.pad(x64, ((0, 0), (0, 0), (top, g["bottom"]), (left, g["right"])))
+    dxpad = np.zeros_like(xpad)
+    dw64 = np.zeros_like(w64)
+    db64 = np.zeros(F)
+    for oh in range(g["Ho"]):
+        for ow in range(g["Wo"]):
+            win = _window(g, oh * g["sh"], ow * g["sw"])
+            field = xpad[(slice(None), slice(None)) + win]            # (N, C, KH, KW)
+            grad = dy64[:, :, oh, ow]                                  # (N, F)
+            db64 += grad.sum(axis=0)
+            for grp in range(G):
+                cs, fs = slice(grp * Cg, (grp + 1) * Cg), slice(grp * Fg, (grp + 1) * Fg)
+                # (N, Fg) x (N, Cg, KH, KW) -> (Fg, Cg, KH, KW)
+                dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
+                # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
+                dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
+    dx64 = dxpad[:, :, top:top + H, left:left + W]
+    return (_act_from_nchw(dx64, layout, dtype),
+            _weight_from_torch(dw64, layout, dtype),
+            db64.astype(dtype))
+
+
+# --------------------------------------------------------------------------
+# conv_transpose2d
+# --------------------------------------------------------------------------
+
+def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0,
+                     dilation=1, groups=1, layout="NCHW"):
+    """Transposed 2-D convolution (PyTorch ``conv_transpose2d`` semantics).
+
+    The adjoint of :func:`conv2d` with respect to its input.  Computed as a
+    scatter-add: every input value ``x[n, c, h, w]`` adds ``x * w[c, f, :, :]``
+    into a canvas at rows ``h*sh + i*dh`` and columns ``w*sw + j*dw``; the output
+    is the canvas with ``top`` rows and ``left`` columns cropped, Ho x Wo in size
+    (``output_padding`` extends the canvas with zeros at the bottom/right).
+
+    Weights: NCHW (C_in, C_out/groups, KH, KW); NHWC (KH, KW, C_out/groups, C_in).
+    ``padding="same"`` gives an output of exactly ``in * stride`` per dimension.
+    """
+    _check_layout(layout)
+    x_in, w_in = np.asarray(x), np.asarray(w)
+    _check_4d(x_in, "x")
+    _check_4d(w_in, "w")
+    dtype = _result_dtype(x_in, w_in, bias)
+    x64 = _act_to_nchw(x_in, layout)
+    w64 = _weight_to_torch(w_in, layout)
+    g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
+                                   output_padding, dilation, groups)
+    Cout, G = g["Cout"], g["groups"]
+    Cig, Cog = g["Cin"] // G, Cout // G
+
+    b64 = np.zeros(Cout)
+    if bias is not None:
+        b64 = np.array(np.asarray(bias), dtype=np.float64)
+        if b64.shape != (Cout,):
+            raise ValueError(f"bias: expected shape {(Cout,)}, got {b64.shape}")
+
+    canvas = np.zeros((g["N"], Cout, g["canvas_h"], g["canvas_w"]))
+    for h in range(g["H"]):
+        for w_ in range(g["W"]):
+            win = _window(g, h * g["sh"], w_ * g["sw"])
+            for grp in range(G):
+                cs, os_ = slice(grp * Cig, (grp + 1) * Cig), slice(grp * Cog, (grp + 1) * Cog)
+                # (N, Cig) x (Cig, Cog, KH, KW) -> (N, Cog, KH, KW)
+                canvas[(slice(None), os_) + win] += np.tensordot(
+                    x64[:, cs, h, w_], w64[cs], axes=([1], [0]))
+    top, left = g["top"], g["left"]
+    y = canvas[:, :, top:top + g["Ho"], left:left + g["Wo"]] + b64[None, :, None, None]
+    return _act_from_nchw(y, layout, dtype)
+
+
+def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0,
+                              dilation=1, groups=1, layout="NCHW"):
+    """Gradients of ``sum(conv_transpose2d(x, w, b) * dy)`` w.r.t. x, w and b.
+
+    Returns ``(dx, dw, db)`` with the shapes (and layout) of ``x``, ``w`` and
+    (C_out,).  ``dy`` is placed into the zero canvas used by the forward
+    scatter; for every input position the canvas window it scattered into is
+    gathered back: ``dx = window . w`` and ``dw += x^T . window``.
+    """
+    _check_layout(layout)
+    dy_in, x_in, w_in = np.asarray(dy), np.asarray(x), np.asarray(w)
+    for a, name in ((dy_in, "dy"), (x_in, "x"), (w_in, "w")):
+        _check_4d(a, name)
+    dtype = _result_dtype(dy_in, x_in, w_in)
+    x64 = _act_to_nchw(x_in, layout)
+    w64 = _weight_to_torch(w_in, layout)
+    dy64 = _act_to_nchw(dy_in, layout)
+    g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
+                                   output_padding, dilation, groups)
+    N, Cout, G = g["N"], g["Cout"], g["groups"]
+    Cig, Cog = g["Cin"] // G, Cout // G
+    if dy64.shape != (N, Cout, g["Ho"], g["Wo"]):
+        raise ValueError(
+            f"dy: expected NCHW-equivalent shape {(N, Cout, g['Ho'], g['Wo'])}, got {dy64.shape}")
+
+    top, left = g["top"], g["left"]
+    dcanvas = np.zeros((N, Cout, g["canvas_h"], g["canvas_w"]))
+    dcanvas[:, :, top:top + g["Ho"], left:left + g["Wo"]] = dy64
+
+    dx64 = np.zeros_like(x64)
+    dw64 = np.zeros_like(w64)
+    for h in range(g["H"]):
+        for w_ in range(g["W"]):
+            field = dcanvas[(slice(None), slice(None)) + _window(g, h * g["sh"], w_ * g["sw"])]
+            for grp in range(G):
+                cs, os_ = slice(grp * Cig, (grp + 1) * Cig), slice(grp * Cog, (grp + 1) * Cog)
+                # (N, Cog, KH, KW) . (Cig, Cog, KH, KW) -> (N, Cig)
+                dx64[:, cs, h, w_] = np.tensordot(field[:, os_], w64[cs], axes=([1, 2, 3], [1, 2, 3]))
+                # (N, Cig) x (N, Cog, KH, KW) -> (Cig, Cog, KH, KW)
+                dw64[cs] += np.tensordot(x64[:, cs, h, w_], field[:, os_], axes=([0], [0]))
+    db64 = dy64.sum(axis=(0, 2, 3))
+    return (_act_from_nchw(dx64, layout, dtype),
+            _weight_from_torch(dw64, layout, dtype),
+            db64.astype(dtype))

@@ -1,0 +1,92 @@
+"""How the kernels are blocked and vectorized on each instruction set: a table, not code.
+
+A `Schedule` is handed to the templates beside the spec. The micro-kernel keeps an MR × NR tile of
+the output in registers (NR = vectors × lanes, along output pixels, which are contiguous in NCHW);
+KC is the depth of one packed panel (B's KC × NR micro-panel should sit in L1), NC the number of
+output pixels one thread works on at a time. The instruction set is detected from what the compiler
+targets with -march=native, and can be forced (CONVGEN_ISA or `isa=`) to test the slower paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import subprocess
+
+ISAS = ("avx512", "avx2", "portable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    isa: str
+    vector_bytes: int      # width of one SIMD register
+    mr: int                # micro-tile rows (output channels / kernel rows), broadcast from packed A
+    nr_vectors: int        # micro-tile columns, in vectors (NR = nr_vectors × lanes)
+    kc: int                # depth of one packed panel
+    nc: int                # output pixels per work item (rounded to a multiple of NR)
+    ukernel: str = "simd"  # "simd", or "reference": the plain scalar micro-kernel, kept for tests
+    arch_flags: tuple[str, ...] = ()
+
+    def lanes(self, dtype: str) -> int:
+        return self.vector_bytes // (4 if dtype == "float32" else 8)
+
+    def nr(self, dtype: str) -> int:
+        return self.nr_vectors * self.lanes(dtype)
+
+
+# Register budget: MR × nr_vectors accumulators + nr_vectors loaded B vectors + 1 broadcast must fit
+# (AVX-512: 32 zmm; AVX2: 16 ymm; SSE-class: 16 xmm).
+_TABLE = {
+    "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, nc=384, arch_flags=("-march=native",)),
+    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, arch_flags=("-mavx2", "-mfma")),
+    "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, arch_flags=()),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _native_macros(compiler: str) -> frozenset[str]:
+    """The predefined macros of `compiler -march=native`: what the build machine can run."""
+    try:
+        out = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(line.split()[1] for line in out.splitlines() if line.startswith("#define "))
+
+
+def supported_isas(compiler: str) -> tuple[str, ...]:
+    """The instruction sets this machine (as the compiler sees it) can run, best first."""
+    macros = _native_macros(compiler)
+    found = []
+    if "__AVX512F__" in macros:
+        found.append("avx512")
+    if "__AVX2__" in macros and "__FMA__" in macros:
+        found.append("avx2")
+    found.append("portable")
+    return tuple(found)
+
+
+def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule:
+    """The schedule for `isa` (default: CONVGEN_ISA, else the best the machine supports).
+
+    Any field can be overridden, e.g. get_schedule(cc, mr=6, kc=128).
+    """
+    isa = isa or os.environ.get("CONVGEN_ISA") or supported_isas(compiler)[0]
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {isa!r}")
+    if isa not in supported_isas(compiler):
+        raise ValueError(f"isa {isa!r} is not supported by this machine ({compiler} -march=native)")
+    fields = dict(_TABLE[isa], isa=isa)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Schedule)}
+    if unknown:
+        raise TypeError(f"unknown schedule fields: {sorted(unknown)}")
+    fields.update(overrides)
+    schedule = Schedule(**fields)
+    for name in ("mr", "nr_vectors", "kc", "nc"):
+        value = getattr(schedule, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
+    if schedule.ukernel not in ("simd", "reference"):
+        raise ValueError(f"schedule ukernel must be 'simd' or 'reference', got {schedule.ukernel!r}")
+    return schedule

@@ -1,0 +1,276 @@
+"""What a kernel is specialized for: the convolution's fixed parameters, checked once.
+
+A `Window` holds the geometry of the sliding window (kernel size, stride, padding, dilation). A
+`ConvSpec` pairs a window with a dtype and a layout; its window is None for the *generic* build,
+whose single module serves every window at run time. Everything here is frozen and hashable, so a
+spec can key caches, and every value that reaches the C source passes through `_as_positive_int` /
+`_as_nonnegative_int` or one of the fixed name tables below.
+
+This module also owns the shape arithmetic of the fast path (`Window.output_size`,
+`Window.transposed_output_size`) and the resolution of the padding forms ("same", "valid",
+symmetric and per-side pairs) into explicit per-side pads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import re
+
+import numpy as np
+
+DTYPES = {"float32": "float", "float64": "double"}
+DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    """`value` as a Python int >= minimum, or a ValueError/TypeError naming `name`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_positive_int(name: str, value) -> int:
+    return _as_int(name, value, 1)
+
+
+def _as_nonnegative_int(name: str, value) -> int:
+    return _as_int(name, value, 0)
+
+
+def as_pair(name: str, value, minimum: int = 1) -> tuple[int, int]:
+    """An int or an (h, w) pair, as a pair of ints >= minimum."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
+        return (_as_int(f"{name}[0]", value[0], minimum), _as_int(f"{name}[1]", value[1], minimum))
+    v = _as_int(name, value, minimum)
+    return (v, v)
+
+
+def explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]] | str:
+    """Normalize the padding forms that do not depend on the input size.
+
+    Returns ((top, bottom), (left, right)), or the string "same"/"valid" unchanged.
+    Accepted: an int, an (h, w) pair, a ((top, bottom), (left, right)) pair of pairs, "same", "valid".
+    """
+    if isinstance(padding, str):
+        if padding.lower() in ("same", "valid"):
+            return padding.lower()
+        raise ValueError(f"padding must be an int, a pair, a pair of pairs, 'same' or 'valid'; got {padding!r}")
+    if isinstance(padding, (tuple, list)):
+        if len(padding) != 2:
+            raise ValueError(f"padding must be an int, (h, w) or ((top, bottom), (left, right)); got {padding!r}")
+        sides = []
+        for axis, item in zip(("h", "w"), padding):
+            if isinstance(item, (tuple, list)):
+                if len(item) != 2:
+                    raise ValueError(f"padding for {axis} must be an int or a (before, after) pair; got {item!r}")
+                sides.append((_as_nonnegative_int(f"padding[{axis}][0]", item[0]),
+                              _as_nonnegative_int(f"padding[{axis}][1]", item[1])))
+            else:
+                v = _as_nonnegative_int(f"padding[{axis}]", item)
+                sides.append((v, v))
+        return (sides[0], sides[1])
+    v = _as_nonnegative_int("padding", padding)
+    return ((v, v), (v, v))
+
+
+def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
+    """TensorFlow's "same": output ceil(size / s); the odd extra pad goes after (bottom/right)."""
+    out = -(-size // s)
+    total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
+    return (total // 2, total - total // 2)
+
+
+_WINDOW_TEXT = re.compile(
+    r"k(?P<kh>\d+)(?:x(?P<kw>\d+))?"
+    r"(?:s(?P<sh>\d+)(?:x(?P<sw>\d+))?)?"
+    r"(?:p(?P<pt>\d+)(?:_(?P<pb>\d+))?(?:x(?P<pl>\d+)(?:_(?P<pr>\d+))?)?)?"
+    r"(?:d(?P<dh>\d+)(?:x(?P<dw>\d+))?)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """Geometry of the sliding window: all the values a specialized kernel fixes at compile time.
+
+    kernel, stride and dilation are (h, w) pairs of positive ints; padding is
+    ((top, bottom), (left, right)) of non-negative ints.
+    """
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    dilation: tuple[int, int] = (1, 1)
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernel", as_pair("kernel_size", self.kernel))
+        object.__setattr__(self, "stride", as_pair("stride", self.stride))
+        object.__setattr__(self, "dilation", as_pair("dilation", self.dilation))
+        padding = explicit_padding(self.padding)
+        if isinstance(padding, str):
+            raise ValueError("a Window needs explicit padding; resolve 'same'/'valid' with Window.resolve")
+        object.__setattr__(self, "padding", padding)
+
+    @classmethod
+    def resolve(cls, kernel, stride, padding, dilation, input_hw, transposed=False) -> "Window":
+        """Build a window, turning "same"/"valid" into explicit pads for an input of size input_hw.
+
+        For a transposed convolution, "same" means an output of exactly input·stride (TensorFlow's
+        conv2d_transpose); the pads are those of the forward convolution from that output back to
+        the input, and the rows that no window reaches come from `implicit_output_padding`.
+        """
+        kernel = as_pair("kernel_size", kernel)
+        stride = as_pair("stride", stride)
+        dilation = as_pair("dilation", dilation)
+        pads = explicit_padding(padding)
+        if pads == "valid":
+            pads = ((0, 0), (0, 0))
+        elif pads == "same":
+            sizes = [n * s for n, s in zip(input_hw, stride)] if transposed else input_hw
+            pads = tuple(_same_pads(n, k, s, d) for n, k, s, d in zip(sizes, kernel, stride, dilation))
+        return cls(kernel, stride, pads, dilation)
+
+    @property
+    def effective_kernel(self) -> tuple[int, int]:
+        """Extent of the dilated kernel: d·(k − 1) + 1."""
+        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+
+    def output_size(self, input_hw) -> tuple[int, int]:
+        """Convolution output size (PyTorch): (H + top + bottom − d·(K − 1) − 1) // s + 1.
+
+        Raises ValueError when the dilated kernel is larger than the padded input.
+        """
+        out = []
+        for axis, n, (before, after), ek, s in zip("hw", input_hw, self.padding, self.effective_kernel, self.stride):
+            padded = n + before + after
+            if padded < ek:
+                raise ValueError(
+                    f"kernel extent {ek} along {axis} (kernel_size and dilation) is larger than the padded "
+                    f"input {padded} (input {n} + padding {before}+{after})")
+            out.append((padded - ek) // s + 1)
+        return tuple(out)
+
+    def transposed_output_size(self, input_hw, output_padding=(0, 0)) -> tuple[int, int]:
+        """Transposed-convolution output size: (H − 1)·s − top − bottom + d·(K − 1) + op + 1."""
+        out = []
+        for axis, n, (before, after), ek, s, op in zip(
+                "hw", input_hw, self.padding, self.effective_kernel, self.stride, output_padding):
+            size = (n - 1) * s - before - after + ek + op
+            if size < 1:
+                raise ValueError(f"transposed convolution output along {axis} would be {size}: padding too large")
+            out.append(size)
+        return tuple(out)
+
+    def implicit_output_padding(self, input_hw) -> tuple[int, int]:
+        """For transposed "same": the extra rows/cols that make the output exactly input·stride."""
+        sizes = self.transposed_output_size(input_hw)
+        return tuple(n * s - size for n, s, size in zip(input_hw, self.stride, sizes))
+
+    def short(self) -> str:
+        """The compact text form that `Window.parse` reads back, e.g. k3s2p1, k3x5s1p1x2, k3s1p0_1x0_1d2."""
+        def pair(values):
+            return str(values[0]) if values[0] == values[1] else f"{values[0]}x{values[1]}"
+        (pt, pb), (pl, pr) = self.padding
+        pad = pair((pt, pl)) if (pt, pl) == (pb, pr) else f"{pt}_{pb}x{pl}_{pr}"
+        text = f"k{pair(self.kernel)}s{pair(self.stride)}p{pad}"
+        return text if self.dilation == (1, 1) else f"{text}d{pair(self.dilation)}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Window":
+        """Read the compact form: k<KH>[x<KW>] [s<SH>[x<SW>]] [p<PH>[x<PW>] | p<T>_<B>x<L>_<R>] [d<DH>[x<DW>]].
+
+        Omitted parts default to stride 1, padding 0, dilation 1: "k3" is a 3×3 valid convolution.
+        """
+        match = _WINDOW_TEXT.fullmatch(text.strip().lower()) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"cannot read {text!r} as a window: expected e.g. k3s2p1, k7s2p3d1, k3x5s1p1x2")
+        g = match.groupdict()
+
+        def pair(first, second, default):
+            if first is None:
+                return (default, default)
+            return (int(first), int(second if second is not None else first))
+
+        pt, pb = int(g["pt"] or 0), int(g["pb"] if g["pb"] is not None else g["pt"] or 0)
+        pl = int(g["pl"] if g["pl"] is not None else pt)
+        pr = int(g["pr"] if g["pr"] is not None else (g["pl"] if g["pl"] is not None else pb))
+        return cls(pair(g["kh"], g["kw"], 1), pair(g["sh"], g["sw"], 1), ((pt, pb), (pl, pr)),
+                   pair(g["dh"], g["dw"], 1))
+
+    def tag(self) -> str:
+        """Compact readable name, e.g. k3x3_s2x2_p1x1_d1x1 (asymmetric padding: p0_1x1_1)."""
+        (pt, pb), (pl, pr) = self.padding
+        pad = f"p{pt}x{pl}" if (pt, pl) == (pb, pr) else f"p{pt}_{pb}x{pl}_{pr}"
+        kh, kw = self.kernel
+        sh, sw = self.stride
+        dh, dw = self.dilation
+        return f"k{kh}x{kw}_s{sh}x{sw}_{pad}_d{dh}x{dw}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvSpec:
+    """One kernel module: a window (None for the generic build), a dtype and a layout."""
+
+    window: Window | None
+    dtype: str = "float32"
+    layout: str = "NCHW"
+
+    def __post_init__(self):
+        if self.window is not None and not isinstance(self.window, Window):
+            raise TypeError(f"window must be a Window or None, got {type(self.window).__name__}")
+        dtype = np.dtype(self.dtype).name if not isinstance(self.dtype, str) else self.dtype
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)
+        layout = self.layout.upper() if isinstance(self.layout, str) else self.layout
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {self.layout!r}")
+        object.__setattr__(self, "layout", layout)
+
+    @classmethod
+    def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW") -> "ConvSpec":
+        """A spec from the compact window text ("k3s2p1"), or "generic" for the generic build."""
+        if isinstance(text, str) and text.strip().lower() == "generic":
+            return cls(None, dtype, layout)
+        return cls(Window.parse(text), dtype, layout)
+
+    def short(self) -> str:
+        """The compact form: the window text ("k3s2p1") or "generic"."""
+        return self.window.short() if self.window is not None else "generic"
+
+    @property
+    def specialized(self) -> bool:
+        return self.window is not None
+
+    @property
+    def c_type(self) -> str:
+        return DTYPES[self.dtype]
+
+    def generic(self) -> "ConvSpec":
+        """The generic spec of the same dtype and layout."""
+        return ConvSpec(None, self.dtype, self.layout)
+
+    def symbol(self, op: str) -> str:
+        """The C symbol of one op of this spec, e.g. cg_conv2d_fwd_k3x3_s1x1_p1x1_d1x1_nchw_f32."""
+        shape = self.window.tag() if self.window is not None else "generic"
+        return f"cg_conv2d_{op}_{shape}_{self.layout.lower()}_{DTYPE_SUFFIX[self.dtype]}"
+
+    def __str__(self) -> str:
+        return self.symbol("kernels").replace("cg_conv2d_kernels_", "")
+
+
+def conv_flops(n: int, f: int, c_per_group: int, kernel: tuple[int, int], out_hw: tuple[int, int]) -> int:
+    """Multiply-adds × 2 of one forward convolution (also the FLOPs of each of dx and dw)."""
+    return 2 * n * f * c_per_group * kernel[0] * kernel[1] * out_hw[0] * out_hw[1]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "as_pair", "explicit_padding", "conv_flops", "ceil_div"]

@@ -1,0 +1,23 @@
+"""One kernel cache for the whole test session, so each spec compiles once per machine."""
+
+import os
+from pathlib import Path
+
+# Before convgen is imported anywhere: every test process (and subprocess) shares this cache.
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-kernels"
+CACHE.mkdir(parents=True, exist_ok=True, mode=0o700)
+os.chmod(CACHE.parent, 0o700)
+os.chmod(CACHE, 0o700)
+os.environ.setdefault("CONVGEN_CACHE_DIR", str(CACHE))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prebuilt_kernels():
+    """Compile the swept specs up front, all cores at once, instead of one by one on first use."""
+    import convgen
+    from grid import all_specs
+
+    failures = {spec: out for spec, out in convgen.build_all(all_specs()).items() if isinstance(out, Exception)}
+    assert not failures, f"kernel builds failed: {failures}"

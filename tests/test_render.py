@@ -1,0 +1,50 @@
+"""The rendered C: specialized and generic from one template, the window loops gone when specialized."""
+
+import re
+
+import pytest
+
+from convgen.kernels import settings
+from convgen.render import render
+from convgen.spec import ConvSpec, Window
+
+WINDOW_LOOP = re.compile(r"for \(int64_t [ij] = 0; [ij] < (g->k[hw]|\d+);")
+
+
+@pytest.fixture(scope="module")
+def schedule():
+    return settings().schedule()
+
+
+@pytest.mark.parametrize("text", ["k3s1p1", "k7s2p3", "k3x5s2x1p1x2d2", "k1s1p0"])
+def test_specialized_source_has_no_window_loop(schedule, text):
+    spec = ConvSpec(Window.parse(text))
+    source = render(spec, schedule).source
+    assert not WINDOW_LOOP.search(source), WINDOW_LOOP.search(source)
+    for field in ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw"):
+        assert f"g->{field}" not in source
+    kh, kw = spec.window.kernel
+    # every tap is written out once per unrolled packing routine
+    assert source.count(f"const int64_t i = {kh - 1}, j = {kw - 1};") >= 2
+    assert spec.symbol("fwd") in source
+
+
+def test_generic_source_loops_over_the_window(schedule):
+    source = render(ConvSpec(None), schedule).source
+    assert WINDOW_LOOP.search(source)
+    assert "g->kh" in source and "g->dw" in source
+    assert "const int64_t i = 0, j = 0;" not in source
+
+
+def test_symbols_name_the_window_layout_and_dtype():
+    spec = ConvSpec(Window(3, 2, 1), "float32", "NCHW")
+    assert spec.symbol("fwd") == "cg_conv2d_fwd_k3x3_s2x2_p1x1_d1x1_nchw_f32"
+    assert ConvSpec(None, "float64", "NHWC").symbol("fwd") == "cg_conv2d_fwd_generic_nhwc_f64"
+
+
+def test_both_variants_come_from_the_same_template(schedule):
+    """Apart from the window, the two sources share every line of the GEMM and packing code."""
+    special = render(ConvSpec(Window(3, 1, 1)), schedule).source
+    generic = render(ConvSpec(None), schedule).source
+    ukernel = special[special.index("static void ukernel"):special.index("static void ukernel") + 400]
+    assert ukernel in generic
