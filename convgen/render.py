@@ -75,7 +75,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         values = {"KH": w.kernel[0], "KW": w.kernel[1], "SH": w.stride[0], "SW": w.stride[1],
                   "PT": w.padding[0][0], "PL": w.padding[1][0], "DH": w.dilation[0], "DW": w.dilation[1]}
         context.update({name: str(int(v)) for name, v in values.items()})
-        context.update(KH_VALUE=w.kernel[0], KW_VALUE=w.kernel[1])
+        context.update(KH_VALUE=w.kernel[0], KW_VALUE=w.kernel[1], TAPS=w.kernel[0] * w.kernel[1])
     else:
         context.update({name: f"g->{field}" for name, field in _WINDOW_FIELDS.items()})
     return context
