@@ -9,7 +9,9 @@ share three kernels.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
+import os
 
 import numpy as np
 
@@ -18,6 +20,20 @@ from .spec import ConvSpec, Window, as_pair, explicit_padding
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _MAX_ELEMENTS = 2 ** 62  # any array or index the kernels form stays below this (int64 arithmetic)
+# Window values become C literals and int64 factors of sizes in the kernels: bounded, they cannot overflow.
+_MAX_WINDOW_VALUE = 2 ** 31 - 1
+_WORKSPACE_QUERY_BYTES = 2 ** 26  # below this weight size × threads the kernels' workspace is not worth a check
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM on this machine: no single array or workspace may need more."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 2 ** 63
+
+
+_MEMORY_BYTES = _physical_memory()
 _FORWARD, _BACKWARD_DATA, _BACKWARD_WEIGHT = 0, 1, 2  # op numbers of the kernels' workspace query
 _SPATIAL_AXES = {"NCHW": (0, 2, 3), "NHWC": (0, 1, 2)}  # batch and space: what the bias gradient sums
 
@@ -30,9 +46,6 @@ class _Call:
     def __init__(self, spec: ConvSpec, window: Window, n, c, h, w, f, ho, wo, groups):
         self.spec, self.window = spec, window
         self.n, self.c, self.h, self.w, self.f, self.ho, self.wo, self.groups = n, c, h, w, f, ho, wo, groups
-        for name, count in (("input", n * c * h * w), ("output", n * f * ho * wo)):
-            if count >= _MAX_ELEMENTS:
-                raise ValueError(f"the {name} would have {count} elements, more than convgen's 64-bit indexing allows")
         self.kernels = get_kernels(spec)
         self.args = (n, c, h, w, f, ho, wo, groups)
         if not spec.specialized:
@@ -54,13 +67,21 @@ class _Call:
 
 # ---------------------------------------------------------------------------------------- arrays
 def _dtype_of(name, value):
-    """The dtype an argument brings (None for plain Python sequences and numbers)."""
+    """The dtype an argument brings (None for Python sequences of numbers, which adopt the others')."""
     if isinstance(value, np.ndarray):
         return value.dtype
     if value is None or isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be an array of float32 or float64, got {type(value).__name__}")
     if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
         return np.asarray(value).dtype
+    try:
+        kind = np.asarray(value).dtype.kind
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of floats, got a {type(value).__name__} NumPy cannot read "
+                        f"as one: {exc}") from None
+    if kind not in "fiu":
+        raise TypeError(f"{name} must be an array of floats, got a {type(value).__name__} of "
+                        f"{'strings' if kind in 'US' else {'b': 'booleans', 'c': 'complex numbers'}.get(kind, 'objects')}")
     return None
 
 
@@ -68,7 +89,7 @@ def _common_dtype(**arrays) -> np.dtype:
     """The one floating dtype shared by the given arrays (lists adopt it; alone they are float64)."""
     found = {}
     for name, value in arrays.items():
-        if value is None and name in ("bias",):
+        if value is None and name == "bias":
             continue
         dtype = _dtype_of(name, value)
         if dtype is None:
@@ -85,20 +106,38 @@ def _common_dtype(**arrays) -> np.dtype:
 
 def _as_c_array(name, value, dtype, ndim):
     """A C-contiguous native-order array of `dtype` with `ndim` dimensions (a copy only if needed)."""
-    if value is None:
-        raise TypeError(f"{name} must be an array, got None")
-    try:
-        array = np.ascontiguousarray(value, dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of floats: {exc}") from None
+    if type(value) is np.ndarray and value.dtype == dtype and value.flags.c_contiguous:
+        array = value
+    else:
+        if value is None:
+            raise TypeError(f"{name} must be an array, got None")
+        if isinstance(value, np.ndarray):
+            # A broadcast or strided view can stand for far more elements than it stores.
+            _check_new_array(f"a contiguous copy of {name}", value.shape, dtype)
+        try:
+            array = np.ascontiguousarray(value, dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of floats: {exc}") from None
     if array.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {array.shape}")
     return array
 
 
+def _check_new_array(what, shape, dtype):
+    """Refuse, before allocating it, an array that 64-bit indexing or this machine's memory cannot hold."""
+    count = math.prod(shape)
+    if count >= _MAX_ELEMENTS:
+        raise ValueError(f"{what} would have shape {tuple(shape)}, {count} elements: more than the 2**62 that "
+                         f"convgen's 64-bit indexing allows")
+    if count * dtype.itemsize > _MEMORY_BYTES:
+        raise ValueError(f"{what} would have shape {tuple(shape)} and need {count * dtype.itemsize} bytes, more "
+                         f"than this machine's memory ({_MEMORY_BYTES} bytes)")
+
+
 def _checked_out(name, out, shape, dtype, inputs):
     """Validate a caller's output array, or allocate a new one."""
     if out is None:
+        _check_new_array("the result" if name == "out" else f"the result {name.split()[-1]}", shape, dtype)
         return np.empty(shape, dtype=dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
@@ -112,6 +151,16 @@ def _checked_out(name, out, shape, dtype, inputs):
     return out
 
 
+def _check_workspace(call, op, weight, what):
+    """Refuse a call whose C workspace (about threads × the weights at most) this machine cannot hold."""
+    if weight.nbytes * num_threads() < _WORKSPACE_QUERY_BYTES:
+        return
+    needed = call.workspace_bytes(op)
+    if needed > _MEMORY_BYTES:
+        raise ValueError(f"{what} would need a workspace of {needed} bytes for these weights {weight.shape}, "
+                         f"more than this machine's memory ({_MEMORY_BYTES} bytes); use fewer threads")
+
+
 # --------------------------------------------------------------------------------------- geometry
 def _hashable(value):
     if isinstance(value, (list, tuple)):
@@ -121,7 +170,17 @@ def _hashable(value):
 
 @functools.lru_cache(maxsize=4096)
 def _window(kernel, stride, padding, dilation, input_hw, transposed):
-    return Window.resolve(kernel, stride, padding, dilation, input_hw, transposed)
+    return _bounded(Window.resolve(kernel, stride, padding, dilation, input_hw, transposed))
+
+
+def _bounded(window: Window) -> Window:
+    """`window`, once every value is known to fit the kernels' 64-bit arithmetic."""
+    (pt, pb), (pl, pr) = window.padding
+    for name, values in (("the kernel size (of w)", window.kernel), ("stride", window.stride),
+                         ("padding", (pt, pb, pl, pr)), ("dilation", window.dilation)):
+        if max(values) > _MAX_WINDOW_VALUE:
+            raise ValueError(f"{name} must be at most {_MAX_WINDOW_VALUE}, got {max(values)}")
+    return window
 
 
 def _resolve_window(kernel, stride, padding, dilation, input_hw, transposed=False) -> Window:
@@ -131,7 +190,7 @@ def _resolve_window(kernel, stride, padding, dilation, input_hw, transposed=Fals
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise
-        return Window.resolve(kernel, stride, padding, dilation, input_hw, transposed)
+        return _bounded(Window.resolve(kernel, stride, padding, dilation, input_hw, transposed))
 
 
 def _check_layout(layout) -> str:
@@ -184,7 +243,8 @@ def _spec(window, dtype, layout, specialize) -> ConvSpec:
 
 
 # -------------------------------------------------------------------------------------- conv2d
-def _conv2d_call(x, w, stride, padding, dilation, groups, layout, specialize, dy=None):
+def _conv2d_geometry(x, w, stride, padding, dilation, groups, layout):
+    """(window, n, c, h, w, f, ho, wo, groups) of conv2d(x, w), every parameter checked."""
     n, c, h, width = _image_dims(x, layout)
     f, cg, kh, kw = _weight_dims(w, layout)
     groups = _check_groups(groups, c, f, "input channels", "output channels")
@@ -193,11 +253,7 @@ def _conv2d_call(x, w, stride, padding, dilation, groups, layout, specialize, dy
                          f"but x has {c}")
     window = _resolve_window((kh, kw), stride, padding, dilation, (h, width))
     ho, wo = window.output_size((h, width))
-    call = _Call(_spec(window, x.dtype, layout, specialize), window, n, c, h, width, f, ho, wo, groups)
-    if dy is not None and dy.shape != _image_shape(n, f, ho, wo, layout):
-        raise ValueError(f"dy must have shape {_image_shape(n, f, ho, wo, layout)} (the output of conv2d), "
-                         f"got {dy.shape}")
-    return call
+    return window, n, c, h, width, f, ho, wo, groups
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
@@ -224,14 +280,20 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     dtype = _common_dtype(x=x, w=w, bias=bias)
     x = _as_c_array("x", x, dtype, 4)
     w = _as_c_array("w", w, dtype, 4)
-    call = _conv2d_call(x, w, stride, padding, dilation, groups, layout, specialize)
+    geometry = _conv2d_geometry(x, w, stride, padding, dilation, groups, layout)
+    window, n, c, h, width, f, ho, wo, groups = geometry
+    spec = _spec(window, dtype, layout, specialize)
     if bias is not None:
         bias = _as_c_array("bias", bias, dtype, 1)
-        if bias.shape != (call.f,):
-            raise ValueError(f"bias must have shape ({call.f},) (one per output channel), got {bias.shape}")
-    y = _checked_out("out", out, _image_shape(call.n, call.f, call.ho, call.wo, layout), dtype, (x, w, bias))
-    if y.size:
+        if bias.shape != (f,):
+            raise ValueError(f"bias must have shape ({f},) (one per output channel), got {bias.shape}")
+    y = _checked_out("out", out, _image_shape(n, f, ho, wo, layout), dtype, (x, w, bias))
+    if y.size and x.size:
+        call = _Call(spec, *geometry)
+        _check_workspace(call, _FORWARD, w, "conv2d")
         call.run(call.kernels.fwd, x, w, bias, y)
+    elif y.size:  # no input values (C or H·W is 0): every output is the bias alone
+        _fill_bias(y, bias, layout)
     return y
 
 
@@ -248,13 +310,27 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     dy = _as_c_array("dy", dy, dtype, 4)
     x = _as_c_array("x", x, dtype, 4)
     w = _as_c_array("w", w, dtype, 4)
-    call = _conv2d_call(x, w, stride, padding, dilation, groups, layout, specialize, dy=dy)
+    geometry = _conv2d_geometry(x, w, stride, padding, dilation, groups, layout)
+    window, n, c, h, width, f, ho, wo, groups = geometry
+    spec = _spec(window, dtype, layout, specialize)
+    expected = _image_shape(n, f, ho, wo, layout)
+    if dy.shape != expected:
+        raise ValueError(f"dy must have shape {expected} (the output of conv2d), got {dy.shape}")
     out_dx, out_dw, out_db = _split_out(out)
     inputs = (dy, x, w)
     dx = _checked_out("out[0] (dx)", out_dx, x.shape, dtype, inputs)
     dw = _checked_out("out[1] (dw)", out_dw, w.shape, dtype, inputs)
-    db = _checked_out("out[2] (db)", out_db, (call.f,), dtype, inputs)
-    _backward(call, dy, x, w, dx, dw, db)
+    db = _checked_out("out[2] (db)", out_db, (f,), dtype, inputs)
+    if dy.size and x.size:
+        call = _Call(spec, *geometry)
+        _check_workspace(call, _BACKWARD_WEIGHT, w, "conv2d_backward")
+        if dx.size:
+            call.run(call.kernels.bwd_data, dy, w, dx)
+        call.run(call.kernels.bwd_weight, dy, x, dw)
+    else:  # nothing to multiply: dx and dw are empty sums
+        dx.fill(0)
+        dw.fill(0)
+    np.sum(dy, axis=_SPATIAL_AXES[layout], out=db)
     return dx, dw, db
 
 
@@ -262,28 +338,21 @@ def _split_out(out):
     if out is None:
         return None, None, None
     if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise TypeError("out must be a (dx, dw, db) tuple of arrays or None")
+        raise TypeError(f"out must be a (dx, dw, db) tuple of arrays (each may be None) or None, got {out!r:.80}")
     return tuple(out)
 
 
-def _backward(call, dy, x, w, dx, dw, db):
-    """dx, dw, db of the convolution x → y described by `call` (dx may be None)."""
-    if dx is not None:
-        if dy.size and dx.size:
-            call.run(call.kernels.bwd_data, dy, w, dx)
-        else:
-            dx.fill(0)
-    if dy.size and x.size:
-        call.run(call.kernels.bwd_weight, dy, x, dw)
-        np.sum(dy, axis=_SPATIAL_AXES[call.spec.layout], out=db)
+def _fill_bias(y, bias, layout):
+    if bias is None:
+        y.fill(0)
     else:
-        dw.fill(0)
-        db.fill(0)
+        y[...] = bias.reshape((-1, 1, 1) if layout == "NCHW" else (-1,))
 
 
 # ----------------------------------------------------------------------------- conv_transpose2d
-def _transpose_call(x, w, stride, padding, output_padding, dilation, groups, layout, specialize):
-    """The conv2d whose input gradient is this transposed convolution: its "input" is our output."""
+def _transpose_geometry(x, w, stride, padding, output_padding, dilation, groups, layout):
+    """The conv2d whose input gradient is this transposed convolution, as conv2d geometry:
+    (window, n, c_out, ho, wo, c_in, h, w, groups): its "input" is our output."""
     n, c_in, h, width = _image_dims(x, layout)
     w_in, c_out_g, kh, kw = _weight_dims(w, layout)
     if w_in != c_in:
@@ -305,8 +374,7 @@ def _transpose_call(x, w, stride, padding, output_padding, dilation, groups, lay
                 raise ValueError(f"output_padding along {axis} must be smaller than max(stride, dilation) = "
                                  f"{max(s, d)}, got {p}")
     ho, wo = window.transposed_output_size((h, width), op)
-    call = _Call(_spec(window, x.dtype, layout, specialize), window, n, c_out, ho, wo, c_in, h, width, groups)
-    return call
+    return window, n, c_out, ho, wo, c_in, h, width, groups
 
 
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
@@ -327,19 +395,22 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     dtype = _common_dtype(x=x, w=w, bias=bias)
     x = _as_c_array("x", x, dtype, 4)
     w = _as_c_array("w", w, dtype, 4)
-    call = _transpose_call(x, w, stride, padding, output_padding, dilation, groups, layout, specialize)
+    geometry = _transpose_geometry(x, w, stride, padding, output_padding, dilation, groups, layout)
+    window, n, c_out, ho, wo = geometry[:5]
+    spec = _spec(window, dtype, layout, specialize)
     if bias is not None:
         bias = _as_c_array("bias", bias, dtype, 1)
-        if bias.shape != (call.c,):
-            raise ValueError(f"bias must have shape ({call.c},) (one per output channel), got {bias.shape}")
-    y = _checked_out("out", out, _image_shape(call.n, call.c, call.h, call.w, layout), dtype, (x, w, bias))
-    if y.size:
-        if x.size and w.size:
-            call.run(call.kernels.bwd_data, x, w, y)
-        else:
-            y.fill(0)
+        if bias.shape != (c_out,):
+            raise ValueError(f"bias must have shape ({c_out},) (one per output channel), got {bias.shape}")
+    y = _checked_out("out", out, _image_shape(n, c_out, ho, wo, layout), dtype, (x, w, bias))
+    if y.size and x.size:
+        call = _Call(spec, *geometry)
+        _check_workspace(call, _BACKWARD_DATA, w, "conv_transpose2d")
+        call.run(call.kernels.bwd_data, x, w, y)
         if bias is not None:
             y += bias.reshape((-1, 1, 1) if layout == "NCHW" else (-1,))
+    elif y.size:  # no input values: every output is the bias alone
+        _fill_bias(y, bias, layout)
     return y
 
 
@@ -356,24 +427,25 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     dy = _as_c_array("dy", dy, dtype, 4)
     x = _as_c_array("x", x, dtype, 4)
     w = _as_c_array("w", w, dtype, 4)
-    call = _transpose_call(x, w, stride, padding, output_padding, dilation, groups, layout, specialize)
-    expected = _image_shape(call.n, call.c, call.h, call.w, layout)
+    geometry = _transpose_geometry(x, w, stride, padding, output_padding, dilation, groups, layout)
+    window, n, c_out, ho, wo = geometry[:5]
+    spec = _spec(window, dtype, layout, specialize)
+    expected = _image_shape(n, c_out, ho, wo, layout)
     if dy.shape != expected:
         raise ValueError(f"dy must have shape {expected} (the output of conv_transpose2d), got {dy.shape}")
     out_dx, out_dw, out_db = _split_out(out)
     inputs = (dy, x, w)
     dx = _checked_out("out[0] (dx)", out_dx, x.shape, dtype, inputs)
     dw = _checked_out("out[1] (dw)", out_dw, w.shape, dtype, inputs)
-    db = _checked_out("out[2] (db)", out_db, (call.c,), dtype, inputs)
-    if dx.size:
-        if dy.size and w.size:
-            call.run(call.kernels.fwd, dy, w, None, dx)
-        else:
-            dx.fill(0)
-    if x.size and dy.size:
+    db = _checked_out("out[2] (db)", out_db, (c_out,), dtype, inputs)
+    # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged.
+    if dy.size and x.size:
+        call = _Call(spec, *geometry)
+        _check_workspace(call, _BACKWARD_WEIGHT, w, "conv_transpose2d_backward")
+        call.run(call.kernels.fwd, dy, w, None, dx)
         call.run(call.kernels.bwd_weight, x, dy, dw)
-        np.sum(dy, axis=_SPATIAL_AXES[layout], out=db)
-    else:
+    else:  # nothing to multiply: dx and dw are empty sums
+        dx.fill(0)
         dw.fill(0)
-        db.fill(0)
+    np.sum(dy, axis=_SPATIAL_AXES[layout], out=db)
     return dx, dw, db
