@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONVGEN := $(PY) -m convgen
 INSTALLED := $(VENV)/.installed
+BENCH_INSTALLED := $(VENV)/.bench-installed
+BENCH_ARGS ?=
 
 .PHONY: all setup build generate compare test bench sanitize clean
 
@@ -30,6 +32,18 @@ compare: build
 
 test: $(INSTALLED)
 	$(PY) -m pytest -q tests
+
+# The bench extra (matplotlib, torch==2.13.0). The CPU build is pinned first: it satisfies the extra's
+# torch==2.13.0, so pip never reaches for the multi-GB CUDA build, and fails plainly where it is missing.
+$(BENCH_INSTALLED): $(INSTALLED) pyproject.toml
+	$(PY) -m pip install --quiet 'torch==2.13.0+cpu'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_INSTALLED)
+
+# Forward, backward and transposed conv on the benchmark suite; tables and chart in bench/results/.
+# Faster iterations: make bench BENCH_ARGS="--quick --layers resnet3x3 --ops forward"
+bench: $(BENCH_INSTALLED)
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) generated build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,471 @@
+"""convgen's benchmark: forward, backward and transposed convolution on a fixed suite of layers.
+
+Each (op, layer) row times convgen specialized, convgen generic, NumPy (im2col by as_strided, then
+matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports), alternated within
+one run (convgen.timing.time_alternating: medians after warm-up), float32, NCHW, all threads. Every
+result is first checked against NumPy's. Writes bench/results/bench.md and bench/results/bench.png
+and prints the tables.
+
+    python bench/run.py                        # the whole suite (make bench)
+    python bench/run.py --quick --layers resnet3x3,batch1_3x3 --ops forward
+
+FLOP convention: forward 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw (2× the forward, db
+not counted); a transposed convolution counts as the conv2d whose input gradient it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set on some machines of this kind for older OpenBLAS
+# builds; they slow the current one. NumPy is the only BLAS user in this process (convgen has no
+# BLAS, PyTorch uses MKL/oneDNN), so the bench restarts itself once without them, before NumPy loads.
+_BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_UNSET_MARK = "CONVGEN_BENCH_UNSET_BLAS_VARS"
+if _UNSET_MARK not in os.environ and any(v in os.environ for v in _BLAS_VARS):
+    _env = dict(os.environ)
+    _env[_UNSET_MARK] = ", ".join(f"{v}={_env.pop(v)}" for v in _BLAS_VARS if v in _env)
+    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+
+import convgen  # noqa: E402
+from convgen import baselines, ops  # noqa: E402
+from convgen.spec import ConvSpec, Window, conv_flops  # noqa: E402
+from convgen.timing import time_alternating  # noqa: E402
+
+import peak  # noqa: E402
+import report  # noqa: E402
+
+IMPLS = ("specialized", "generic", "numpy", "pytorch")
+OPS = ("forward", "backward", "transposed", "transposed_backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One suite entry, NCHW. For a transposed layer x is (N, C, H, W) and the output has F channels."""
+
+    name: str
+    n: int
+    c: int
+    h: int
+    w: int
+    f: int
+    k: int
+    s: int
+    p: int
+    transposed: bool = False
+
+    @property
+    def shape_text(self) -> str:
+        return f"{self.n}×{self.c}×{self.h}×{self.w} → {self.f} ch, k{self.k}s{self.s}p{self.p}"
+
+
+SUITE = (
+    Layer("resnet3x3", 8, 64, 56, 56, 64, 3, 1, 1),
+    Layer("resnet3x3s2", 8, 128, 28, 28, 256, 3, 2, 1),
+    Layer("stem7x7s2", 8, 3, 224, 224, 64, 7, 2, 3),
+    Layer("pointwise1x1", 8, 256, 14, 14, 256, 1, 1, 0),
+    Layer("mnist5x5", 32, 1, 28, 28, 16, 5, 1, 2),
+    Layer("batch1_3x3", 1, 32, 32, 32, 32, 3, 1, 1),
+    Layer("dcgan4x4s2", 8, 64, 28, 28, 32, 4, 2, 1, transposed=True),
+)
+
+
+def ops_of(layer: Layer) -> tuple[str, ...]:
+    return ("transposed", "transposed_backward") if layer.transposed else ("forward", "backward")
+
+
+# ------------------------------------------------------------------------------------ one row
+@dataclasses.dataclass
+class Case:
+    """Everything one (op, layer) row runs: callables per implementation and what they are measured by."""
+
+    op: str
+    layer: Layer
+    flops: int
+    funcs: dict              # implementation -> zero-argument callable returning its result
+    workspace: dict          # convgen implementation -> C workspace bytes (largest kernel call of the op)
+    output_bytes: int        # the result arrays, preallocated for convgen (out=), new for the others
+
+
+def _relative_error(got, expected) -> float:
+    got = got if isinstance(got, tuple) else (got,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    worst = 0.0
+    for a, b in zip(got, expected):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            return math.inf
+        worst = max(worst, float(np.abs(a - b).max()) / max(float(np.abs(b).max()), 1e-30))
+    return worst
+
+
+def make_case(op: str, layer: Layer, torch) -> Case:
+    """Inputs, outputs and callables of one row."""
+    rng = np.random.default_rng(0)
+    L = layer
+    stride, padding = (L.s, L.s), (L.p, L.p)
+    kw = dict(stride=L.s, padding=L.p)
+    x = rng.standard_normal((L.n, L.c, L.h, L.w), dtype=np.float32)
+    if not L.transposed:
+        w = rng.standard_normal((L.f, L.c, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
+        window = Window.resolve((L.k, L.k), L.s, L.p, 1, (L.h, L.w))
+        ho, wo = window.output_size((L.h, L.w))
+        fwd_flops = conv_flops(L.n, L.f, L.c, (L.k, L.k), (ho, wo))
+        kernel_sizes = (L.n, L.c, L.h, L.w, L.f, ho, wo, 1)
+    else:
+        w = rng.standard_normal((L.c, L.f, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
+        window = Window.resolve((L.k, L.k), L.s, L.p, 1, (L.h, L.w), transposed=True)
+        ho, wo = window.transposed_output_size((L.h, L.w), (0, 0))
+        # The conv2d whose input gradient this is maps (N, F, Ho, Wo) to x's (N, C, H, W).
+        fwd_flops = conv_flops(L.n, L.c, L.f, (L.k, L.k), (L.h, L.w))
+        kernel_sizes = (L.n, L.f, ho, wo, L.c, L.h, L.w, 1)  # that conv2d's sizes, as the kernels take them
+
+    # The kernels' own workspace query, with the arguments convgen's ops pass them (ops._Call).
+    calls = {v: ops._Call(ConvSpec(window if v == "specialized" else None, "float32", "NCHW"), window, *kernel_sizes)
+             for v in ("specialized", "generic")}
+
+    def workspace(*kernel_ops):
+        # The op's kernel calls run one after another, each with its own workspace: the peak is the largest.
+        return {v: max(call.workspace_bytes(k) for k in kernel_ops) for v, call in calls.items()}
+
+    funcs, dy = {}, None
+    if op == "forward":
+        y = np.empty((L.n, L.f, ho, wo), np.float32)
+        y_gen = np.empty_like(y)
+        funcs["specialized"] = lambda: convgen.conv2d(x, w, **kw, out=y)
+        funcs["generic"] = lambda: convgen.conv2d(x, w, **kw, specialize=False, out=y_gen)
+        funcs["numpy"] = lambda: baselines.numpy_conv2d(x, w, stride, padding)
+        flops, ws, out_bytes = fwd_flops, workspace(0), y.nbytes
+    elif op == "backward":
+        dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
+        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
+        funcs["specialized"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, out=outs["specialized"])
+        funcs["generic"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, specialize=False, out=outs["generic"])
+        funcs["numpy"] = lambda: baselines.numpy_conv2d_backward(dy, x, w, stride, padding)
+        flops, ws, out_bytes = 2 * fwd_flops, workspace(1, 2), sum(a.nbytes for a in outs["specialized"])
+    elif op == "transposed":
+        y = np.empty((L.n, L.f, ho, wo), np.float32)
+        y_gen = np.empty_like(y)
+        funcs["specialized"] = lambda: convgen.conv_transpose2d(x, w, **kw, out=y)
+        funcs["generic"] = lambda: convgen.conv_transpose2d(x, w, **kw, specialize=False, out=y_gen)
+        funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d(x, w, stride, padding)
+        flops, ws, out_bytes = fwd_flops, workspace(1), y.nbytes
+    elif op == "transposed_backward":
+        dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
+        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
+        funcs["specialized"] = lambda: convgen.conv_transpose2d_backward(dy, x, w, **kw, out=outs["specialized"])
+        funcs["generic"] = lambda: convgen.conv_transpose2d_backward(dy, x, w, **kw, specialize=False,
+                                                                     out=outs["generic"])
+        funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d_backward(dy, x, w, stride, padding)
+        flops, ws, out_bytes = 2 * fwd_flops, workspace(0, 2), sum(a.nbytes for a in outs["specialized"])
+    else:
+        raise ValueError(f"unknown op {op!r}")
+
+    if torch is not None:
+        funcs["pytorch"] = _torch_func(torch, op, L, x, w, dy)
+    return Case(op, layer, flops, funcs, ws, out_bytes)
+
+
+def _torch_func(torch, op, L, x, w, dy):
+    """PyTorch's CPU path for one row. Gradients come from aten.convolution_backward, the op autograd
+    calls for a convolution, asked for dx, dw and db in one call (no forward pass timed with them)."""
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    tdy = torch.from_numpy(dy) if dy is not None else None
+    stride, padding = [L.s, L.s], [L.p, L.p]
+    functional, backward = torch.nn.functional, torch.ops.aten.convolution_backward
+    transposed = op.startswith("transposed")
+
+    def as_numpy(result):
+        return tuple(t.numpy() for t in result) if isinstance(result, tuple) else result.numpy()
+
+    if op == "forward":
+        def run():
+            with torch.no_grad():
+                return functional.conv2d(tx, tw, stride=stride, padding=padding)
+    elif op == "transposed":
+        def run():
+            with torch.no_grad():
+                return functional.conv_transpose2d(tx, tw, stride=stride, padding=padding)
+    else:
+        def run():
+            with torch.no_grad():
+                return backward(tdy, tx, tw, [L.f], stride, padding, [1, 1], transposed, [0, 0], 1,
+                                [True, True, True])
+
+    run.as_numpy = as_numpy
+    return run
+
+
+def python_extra_bytes(func) -> int:
+    """Peak bytes NumPy/Python allocate during one call, beyond what was live before it (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        result = func()
+        extra = tracemalloc.get_traced_memory()[1] - before
+        del result
+    finally:
+        tracemalloc.stop()
+    return extra
+
+
+class OtherLoad:
+    """The share of the machine's CPU time that other processes used while a block ran (Linux /proc/stat).
+
+    This process's own time (all its threads, spinning OpenMP workers included) is subtracted from
+    the machine's busy time; what remains is contention that slowed every implementation alike.
+    """
+
+    def __enter__(self):
+        self._busy, self._own, self._wall = self._machine_busy(), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self._wall
+        busy, own = self._machine_busy(), time.process_time() - self._own
+        if busy is None or self._busy is None or wall <= 0:
+            self.share = None
+        else:
+            others = (busy - self._busy) - own
+            self.share = min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1))))
+        return False
+
+    @staticmethod
+    def _machine_busy():
+        """Seconds of CPU time all cores spent busy since boot (None where /proc/stat is missing)."""
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(v) for v in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(limit: float, threshold: float = 0.1, window: float = 2.0) -> None:
+    """Wait until other processes use under `threshold` of the CPU over `window` seconds, at most `limit` seconds."""
+    deadline = time.perf_counter() + limit
+    while True:
+        with OtherLoad() as load:
+            time.sleep(window)
+        if load.share is None or load.share < threshold:
+            return
+        if time.perf_counter() >= deadline:
+            print(f"other processes still use {100 * load.share:.0f}% of the CPU; starting anyway", flush=True)
+            return
+        print(f"waiting for a quiet machine (other processes use {100 * load.share:.0f}% of the CPU)", flush=True)
+
+
+def run_case(case: Case, repeat: int, min_time: float) -> dict:
+    """Check every implementation against NumPy, measure convgen's memory, then time them all alternated."""
+    expected = case.funcs["numpy"]()
+    errors = {}
+    for name, func in case.funcs.items():
+        result = func()
+        if hasattr(func, "as_numpy"):
+            result = func.as_numpy(result)
+        errors[name] = 0.0 if name == "numpy" else _relative_error(result, expected)
+    del expected
+    memory = {name: python_extra_bytes(case.funcs[name]) for name in ("specialized", "generic", "numpy")}
+    with OtherLoad() as load:
+        seconds = time_alternating(case.funcs, repeat=repeat, warmup=1, min_time=min_time)
+    return {
+        "op": case.op, "layer": case.layer, "gflop": case.flops / 1e9,
+        "seconds": seconds, "gflops": {name: case.flops / s / 1e9 for name, s in seconds.items()},
+        "errors": errors, "python_bytes": memory, "workspace_bytes": case.workspace,
+        "output_bytes": case.output_bytes, "other_load": load.share,
+    }
+
+
+# ------------------------------------------------------------------------------------ machine
+def blas_info() -> str:
+    """Which BLAS NumPy calls and which of its kernels runs (threadpoolctl when installed, else OpenBLAS's own query)."""
+    try:
+        from threadpoolctl import threadpool_info
+        found = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        if found:
+            return "; ".join(f"{i.get('internal_api')} {i.get('version')}, kernel {i.get('architecture')}, "
+                             f"{i.get('num_threads')} threads (threadpoolctl)" for i in found)
+    except ImportError:
+        pass
+    import ctypes
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_"), ("scipy_", ""), ("", "")):
+            corename = getattr(lib, f"{prefix}openblas_get_corename{suffix}", None)
+            config = getattr(lib, f"{prefix}openblas_get_config{suffix}", None)
+            threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            if corename is not None and config is not None:
+                corename.restype = config.restype = ctypes.c_char_p
+                return (f"{config().decode()}, kernel {corename().decode()}, "
+                        f"{threads() if threads is not None else '?'} threads (OpenBLAS's own query)")
+    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    return f"{blas.get('name', 'unknown')} {blas.get('version', '')} (numpy.show_config; kernel not queried)"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def source_revision() -> str:
+    """The commit the kernels were built from, and whether convgen/ or templates/ differ from it."""
+    root = str(HERE.parent)
+    try:
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "convgen", "templates"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    if not rev:
+        return "unknown (not a git checkout)"
+    return f"{rev}" + (" plus uncommitted changes to convgen/ or templates/" if dirty else "")
+
+
+def machine_info(torch, threads: int) -> dict:
+    settings = convgen.kernels.settings()
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": f"{torch.__version__} ({torch.get_num_threads()} threads)" if torch is not None
+                 else "not installed (column skipped)",
+        "blas": blas_info(),
+        "blas_env": os.environ.get(_UNSET_MARK, ""),
+        "compiler": settings.toolchain.version,
+        "revision": source_revision(),
+        "schedule": repr(settings.schedule()),
+    }
+
+
+# ------------------------------------------------------------------------------------ main
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and a shorter peak measurement")
+    parser.add_argument("--repeat", type=int, help="timed samples per implementation (default 9, --quick 3)")
+    parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}")
+    parser.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)}")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for bench.md and bench.png")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch column")
+    parser.add_argument("--no-chart", action="store_true", help="write no PNG")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to SECONDS for other processes to leave the CPU idle (default: no wait)")
+    args = parser.parse_args(argv)
+    args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE])
+    args.ops = _subset(parser, "--ops", args.ops, list(OPS))
+    if args.repeat is None:
+        args.repeat = 3 if args.quick else 9
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    return args
+
+
+def _subset(parser, flag, text, allowed):
+    if not text:
+        return list(allowed)
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in allowed]
+    if unknown:
+        parser.error(f"{flag}: unknown {unknown}; expected some of {allowed}")
+    return chosen
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch = None if args.no_torch else baselines.torch_module()
+    threads = convgen.num_threads()
+    if torch is not None:
+        torch.set_num_threads(threads)
+    rows_to_run = [(op, layer) for layer in SUITE if layer.name in args.layers
+                   for op in ops_of(layer) if op in args.ops]
+    if not rows_to_run:
+        print("nothing to run: no layer of --layers has an op of --ops", file=sys.stderr)
+        return 2
+
+    if args.wait_quiet > 0:
+        wait_quiet(args.wait_quiet)
+    started = time.perf_counter()
+    info = machine_info(torch, threads)
+    info["command"] = " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)])
+    print(f"convgen bench: {len(rows_to_run)} rows, {threads} threads, repeat {args.repeat}", flush=True)
+    meter = peak.PeakMeter(threads)
+    meter.sample(3 if args.quick else 10)
+    fma = meter.result()
+    print(f"FMA peak ({fma['isa']}): {fma['gflops_1']:.1f} GFLOP/s on 1 thread, "
+          f"{fma['gflops_all']:.1f} on {threads}", flush=True)
+
+    # Compile every kernel the rows need up front, in parallel, so no build lands inside a timing.
+    specs = set()
+    for op, layer in rows_to_run:
+        window = Window.resolve((layer.k, layer.k), layer.s, layer.p, 1, (layer.h, layer.w), layer.transposed)
+        specs.update({ConvSpec(window, "float32", "NCHW"), ConvSpec(None, "float32", "NCHW")})
+    failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
+    if failed:
+        for spec, exc in failed.items():
+            print(f"building {spec} failed: {exc}", file=sys.stderr)
+        return 1
+
+    min_time = 0.05 if args.quick else 0.1
+    results = []
+    for op, layer in rows_to_run:
+        row = run_case(make_case(op, layer, torch), args.repeat, min_time)
+        results.append(row)
+        meter.sample(1)
+        print(f"  {op:<20} {layer.name:<13} " + "  ".join(
+            f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
+            + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
+            flush=True)
+
+    meter.sample(3 if args.quick else 10)
+    fma = meter.result()
+    meter.close()
+    info["load_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    info["elapsed"] = time.perf_counter() - started
+    info["repeat"] = args.repeat
+    info["partial"] = len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
+
+    text = report.markdown(results, fma, info, chart=None if args.no_chart else "bench.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.md").write_text(text)
+    if not args.no_chart:
+        report.chart(results, fma, args.out / "bench.png")
+    print()
+    print(text)
+    print(f"wrote {args.out / 'bench.md'}" + ("" if args.no_chart else f" and {args.out / 'bench.png'}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
