@@ -170,6 +170,10 @@ def targets(results, peak_all, partial) -> list[str]:
     wrong = [f"{r['op']} {r['layer'].name} {i}" for r in results for i, e in r["errors"].items() if e > ERROR_LIMIT]
     if wrong:
         lines.append(f"- results that disagree with NumPy (relative error > {ERROR_LIMIT:g}): {', '.join(wrong)}")
+    shares = [r["other_load"] for r in results if r.get("other_load") is not None]
+    if shares and max(shares) > 0.1:
+        lines.append(f"- other processes took up to {100 * max(shares):.0f}% of the CPU during some rows "
+                     "(see the last column below): those rows are slower and noisier than this machine's best")
     if partial:
         lines.append("- this run covered part of the suite only (--layers/--ops): the means are over what ran")
     return lines
