@@ -219,31 +219,40 @@ def markdown(results, fma, info, chart=None) -> str:
 
 # --------------------------------------------------------------------------------------- chart
 def chart(results, fma, path) -> None:
-    """Grouped bars (one group per layer, one bar per implementation), one panel per op."""
+    """Grouped bars (one group per layer, one bar per implementation, its GFLOP/s on top), one panel per op."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ops = _ops_in(results)
-    widths = [max(1.5, len([r for r in results if r["op"] == op])) for op in ops]
-    fig, axes = plt.subplots(1, len(ops), figsize=(2.2 + 1.6 * sum(widths), 4.8), sharey=True,
-                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    ncols = min(2, len(ops))
+    nrows = -(-len(ops) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 4.2 * nrows), sharey=True, squeeze=False)
     colors = {"specialized": "#1f77b4", "generic": "#aec7e8", "numpy": "#ff7f0e", "pytorch": "#2ca02c"}
     impls = [i for i in IMPLS if any(i in r["gflops"] for r in results)]
     bar = 0.8 / len(impls)
-    for ax, op in zip(axes[0], ops):
+    top = max([fma["gflops_all"]] + [g for r in results for g in r["gflops"].values()])
+    for ax, op in zip(axes.flat, ops):
         rows = [r for r in results if r["op"] == op]
         for k, impl in enumerate(impls):
             xs = [j + (k - (len(impls) - 1) / 2) * bar for j in range(len(rows))]
-            ax.bar(xs, [r["gflops"].get(impl, 0.0) for r in rows], bar, label=NAMES[impl], color=colors[impl])
+            heights = [r["gflops"].get(impl, 0.0) for r in rows]
+            ax.bar(xs, heights, bar, label=NAMES[impl], color=colors[impl])
+            for x, height in zip(xs, heights):
+                ax.text(x, height + top * 0.01, f"{height:.0f}", ha="center", va="bottom", fontsize=6, rotation=90)
         ax.axhline(fma["gflops_all"], color="grey", linestyle="--", linewidth=1)
+        ax.text(-0.45, fma["gflops_all"], f"FMA peak {fma['gflops_all']:.0f}", va="bottom", fontsize=7, color="grey")
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([r["layer"].name for r in rows], rotation=30, ha="right")
+        ax.set_xticklabels([r["layer"].name for r in rows], rotation=20, ha="right")
+        ax.set_xlim(-0.5, max(len(rows), 3) - 0.5)  # a one-layer panel keeps the bar width of the others
+        ax.set_ylim(0, top * 1.15)
         ax.set_title(OP_TITLES[op], fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("GFLOP/s (float32, all threads)")
-    axes[0][0].text(-0.4, fma["gflops_all"], f" FMA peak {fma['gflops_all']:.0f}", va="bottom", fontsize=8, color="grey")
-    axes[0][-1].legend(fontsize=8, loc="upper right")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("GFLOP/s (float32, all threads)")
+    for ax in list(axes.flat)[len(ops):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
