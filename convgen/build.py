@@ -2,12 +2,16 @@
 
 cffi writes the C wrapper (`emit_c_code`); the system compiler is then called directly, so its
 command line is exactly the flags in the cache key and its own error message reaches the user.
+Everything a built module depends on besides its rendered source is named here: the compiler and
+what `-march=native` means to it on this machine (`Toolchain`), the flags, and the interpreter,
+platform and cffi version (`python_abi`). All of it goes into the cache key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import shlex
 import shutil
@@ -22,6 +26,12 @@ from cffi.recompiler import make_c_source
 from .render import Rendered
 
 DEFAULT_CFLAGS = ("-O3",)
+# Added to every build, after the user's flags: OpenMP, a position-independent shared object, and
+# no type-based alias analysis (the kernels view one buffer through several pointer types).
+FIXED_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-fno-strict-aliasing")
+INSTALL_HINT = ("convgen compiles its kernels at run time and needs a C compiler with OpenMP: install gcc "
+                "(Debian/Ubuntu: `apt-get install gcc`; Fedora: `dnf install gcc`; macOS: `brew install gcc`), "
+                "or set CC to a compiler's path")
 
 
 class BuildError(RuntimeError):
@@ -33,7 +43,7 @@ class Toolchain:
     """The compiler and flags that build every kernel module (all of it goes into the cache key)."""
 
     compiler: str             # absolute path
-    version: str              # first line of `compiler --version`
+    version: str              # first line of `compiler --version`, and what -march=native selects here
     cflags: tuple[str, ...]   # optimization and instrumentation flags (CONVGEN_CFLAGS)
 
     @property
@@ -42,10 +52,14 @@ class Toolchain:
 
 
 def find_compiler() -> str:
-    """CC if set, else the compiler Python was built with, else cc/gcc/clang on PATH."""
-    candidates = []
+    """CC if set (it must exist), else the compiler Python was built with, else cc/gcc/clang on PATH."""
     if os.environ.get("CC"):
-        candidates.append(shlex.split(os.environ["CC"])[0])
+        name = shlex.split(os.environ["CC"])[0]
+        path = shutil.which(name)
+        if path is None:
+            raise BuildError(f"CC={os.environ['CC']!r} names no compiler on PATH; {INSTALL_HINT}")
+        return os.path.realpath(path)
+    candidates = []
     configured = sysconfig.get_config_var("CC")
     if configured:
         candidates.append(shlex.split(configured)[0])
@@ -54,30 +68,56 @@ def find_compiler() -> str:
         path = shutil.which(name)
         if path:
             return os.path.realpath(path)
-    raise BuildError("no C compiler found: convgen compiles its kernels at run time and needs gcc or clang "
-                     "(e.g. `apt-get install gcc` on Debian/Ubuntu), or set CC to a compiler's path")
+    raise BuildError(f"no C compiler found on PATH ({', '.join(dict.fromkeys(candidates))} tried): {INSTALL_HINT}")
 
 
 @functools.lru_cache(maxsize=None)
 def compiler_version(compiler: str) -> str:
+    """The compiler's identity as far as its output is concerned: its version line, and a digest of
+    the macros it predefines under -march=native (two machines of one ISA family can differ there,
+    and a binary built for the richer one would die of an illegal instruction on the other)."""
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+        native = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull],
+                                capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"cannot run the C compiler {compiler}: {exc}") from exc
     lines = (out.stdout or out.stderr).strip().splitlines()
-    return lines[0] if lines else "unknown"
+    macros = "\n".join(sorted(native.stdout.splitlines())) if native.returncode == 0 else "no -march=native"
+    return f"{lines[0] if lines else 'unknown'} [native {hashlib.sha256(macros.encode()).hexdigest()[:16]}]"
 
 
 def default_toolchain() -> Toolchain:
+    """The compiler found by `find_compiler`, with CONVGEN_CFLAGS (default -O3)."""
     compiler = find_compiler()
     cflags = tuple(shlex.split(os.environ["CONVGEN_CFLAGS"])) if os.environ.get("CONVGEN_CFLAGS") else DEFAULT_CFLAGS
+    check_sanitizer_runtime(cflags)
     return Toolchain(compiler, compiler_version(compiler), cflags)
+
+
+def check_sanitizer_runtime(cflags) -> None:
+    """Refuse AddressSanitizer builds in a process whose ASan runtime was not loaded first.
+
+    The runtime cannot be loaded later: importing such a module would end the interpreter (see
+    `make sanitize` for how to run with it preloaded).
+    """
+    if not any(flag.startswith("-fsanitize=") and "address" in flag for flag in cflags):
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = "libasan" in maps.read()
+    except OSError:
+        return  # no way to tell here; the loader will say
+    if not loaded:
+        raise BuildError("kernels built with -fsanitize=address can only be loaded into a Python started with the "
+                         "AddressSanitizer runtime preloaded, e.g. LD_PRELOAD=\"$(gcc -print-file-name=libasan.so) "
+                         "$(gcc -print-file-name=libubsan.so)\" ASAN_OPTIONS=detect_leaks=0 python ...")
 
 
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
     """The full compiler command line for one module."""
-    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, "-fopenmp", "-fPIC", "-shared",
-            "-fno-strict-aliasing", "-I", toolchain.python_include, str(c_path), "-o", str(so_path)]
+    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *FIXED_FLAGS,
+            "-I", toolchain.python_include, str(c_path), "-o", str(so_path)]
 
 
 def extension_suffix() -> str:
@@ -87,7 +127,11 @@ def extension_suffix() -> str:
 def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
     """The cffi C wrapper of `rendered`, importable as `module_name`."""
     ffi = cffi.FFI()
-    ffi.cdef(rendered.cdef)
+    try:
+        ffi.cdef(rendered.cdef)
+    except (cffi.CDefError, cffi.FFIError) as exc:
+        raise BuildError(f"cffi cannot read the declarations rendered for {rendered.spec}: {exc}\n"
+                         f"{rendered.cdef}") from exc
     make_c_source(ffi, module_name, rendered.source, str(c_path), verbose=False)
 
 
@@ -99,8 +143,8 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     command = compile_command(toolchain, rendered, c_path, so_path)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    except FileNotFoundError as exc:
-        raise BuildError(f"the C compiler {toolchain.compiler} disappeared: {exc}") from exc
+    except OSError as exc:
+        raise BuildError(f"cannot run the C compiler {toolchain.compiler}: {exc}; {INSTALL_HINT}") from exc
     except subprocess.TimeoutExpired as exc:
         raise BuildError(f"compiling {rendered.spec} took longer than {exc.timeout} s") from exc
     if result.returncode != 0 or not so_path.exists():
@@ -113,5 +157,7 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
 
 
 def python_abi() -> str:
-    """What a compiled extension depends on from the interpreter."""
-    return f"{sys.implementation.cache_tag}|{extension_suffix()}|{sysconfig.get_platform()}"
+    """What a built module depends on besides its source, compiler and flags: the interpreter's
+    extension ABI and platform, the cffi that wrote its wrapper, and the flags every build adds."""
+    return (f"{sys.implementation.cache_tag}|{extension_suffix()}|{sysconfig.get_platform()}|"
+            f"cffi {cffi.__version__}|{' '.join(FIXED_FLAGS)}")

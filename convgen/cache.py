@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from .build import extension_suffix
+from .build import BuildError, extension_suffix
 
 MODULE_PREFIX = "_cg_"
 
@@ -95,7 +95,12 @@ def _import_extension(name: str, path: Path):
 
 @contextlib.contextmanager
 def _locked(lock_path: Path):
-    with open(lock_path, "a") as handle:
+    """An exclusive inter-process lock (fcntl.flock) held for the duration of the block."""
+    try:
+        handle = open(lock_path, "a")
+    except OSError as exc:
+        raise CacheError(f"cannot lock {lock_path} in the convgen cache: {exc}") from exc
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -107,9 +112,35 @@ def _try_load(name: str, so_path: Path, digest_path: Path):
     """The published module, or None if it is absent; raises ImportError if it is damaged."""
     if not so_path.exists():
         return None
-    if not digest_path.exists() or digest_path.read_text().strip() != _file_digest(so_path):
+    try:
+        recorded = digest_path.read_text().strip()
+        actual = _file_digest(so_path)
+    except OSError as exc:
+        raise ImportError(f"cannot read {so_path.name} or its digest: {exc}") from exc
+    if recorded != actual:
         raise ImportError(f"{so_path.name} does not match its recorded digest (truncated or modified)")
     return _import_extension(name, so_path)
+
+
+def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_path: Path, digest_path: Path):
+    """Build in a private temporary directory, then move the module and its digest into place.
+
+    os.replace is atomic within one file system, so a reader sees the old file or the new one,
+    never a partial write; the digest goes second, so a reader between the two sees a mismatch
+    and waits for the lock rather than loading.
+    """
+    try:
+        build_dir = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=".build", dir=directory))
+    except OSError as exc:
+        raise CacheError(f"cannot write to the convgen cache directory {directory}: {exc}") from exc
+    try:
+        built = build(name, build_dir)
+        digest = build_dir / "digest"
+        digest.write_text(_file_digest(built) + "\n")
+        os.replace(built, so_path)
+        os.replace(digest, digest_path)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
 
 
 def load_or_build(key: str, build: Callable[[str, Path], Path]):
@@ -122,6 +153,7 @@ def load_or_build(key: str, build: Callable[[str, Path], Path]):
     name = module_name(key)
     so_path = directory / f"{name}{extension_suffix()}"
     digest_path = directory / f"{name}.sha256"
+    # The common case, a module built earlier, needs no lock.
     with contextlib.suppress(ImportError):
         module = _try_load(name, so_path, digest_path)
         if module is not None:
@@ -135,17 +167,11 @@ def load_or_build(key: str, build: Callable[[str, Path], Path]):
         except ImportError as exc:
             warnings.warn(f"convgen: rebuilding the damaged cached kernel module {so_path.name}: {exc}",
                           RuntimeWarning, stacklevel=3)
-        build_dir = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=".build", dir=directory))
+        _publish(build, name, directory, so_path, digest_path)
         try:
-            built = build(name, build_dir)
-            digest = _file_digest(built)
-            tmp_digest = build_dir / "digest"
-            tmp_digest.write_text(digest + "\n")
-            os.replace(built, so_path)
-            os.replace(tmp_digest, digest_path)
-        finally:
-            shutil.rmtree(build_dir, ignore_errors=True)
-        return _import_extension(name, so_path), True
+            return _import_extension(name, so_path), True
+        except ImportError as exc:
+            raise BuildError(f"the kernel module {so_path.name} was built but cannot be loaded: {exc}") from exc
 
 
 def cache_info() -> dict:
