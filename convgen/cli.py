@@ -1,26 +1,108 @@
-"""The `convgen` command line: build kernel sets, render them, compare variants on a layer."""
+"""The `convgen` command line: build kernel sets, read and export their C, compare variants, manage the cache.
+
+Every command reads a kernel spec in the compact window text of `Window.parse` ("k3s2p1",
+"k7s2p3d1", "k3x5s1p1x2"), with --dtype and --layout beside it. Exit codes: 0 success, 1 failure,
+2 usage error. Errors are one line on stderr ("convgen: error: ..."); --verbose adds the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
+from . import __version__
+from .spec import DTYPES, LAYOUTS, ConvSpec, Window
+
 DEFAULT_SPEC_FILE = "kernels.toml"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+# Which entry points `show --op` prints. A transposed convolution runs conv2d's input-gradient kernel.
+OP_ENTRIES = {"forward": ("fwd",), "backward": ("bwd_data", "bwd_weight"), "transpose": ("bwd_data",)}
+_OP_TITLES = {
+    "forward": "the forward convolution",
+    "backward": "the input and weight gradients",
+    "transpose": "the transposed convolution (conv2d's input gradient, col2im of W^T x)",
+}
 
 
-def _specs_from_file(path):
-    from .specfile import load_spec_file
-    return load_spec_file(path)
+class UsageError(Exception):
+    """Arguments that parse but do not make sense together (exit code 2)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, pointing at the command's --help."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"convgen: error: {message} (see '{self.prog} --help')\n")
+
+
+# ----------------------------------------------------------------------------------- argument types
+def _spec_text(text: str) -> str:
+    """A window such as k3s2p1, or "generic"; checked here so that a typo is a usage error."""
+    try:
+        ConvSpec.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _window(text: str) -> Window:
+    try:
+        return Window.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape(text: str):
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape expects N,C,H,W,F as integers, got {text!r}") from None
+    if len(values) != 5 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--shape expects five positive integers N,C,H,W,F, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _spec_from_args(args) -> ConvSpec:
+    spec = ConvSpec.parse(args.spec, args.dtype, args.layout)
+    return spec.generic() if args.generic else spec
+
+
+def _schedule(isa: str | None):
+    from .kernels import settings
+    from .schedule import get_schedule
+    active = settings()
+    return active.schedule() if isa is None else get_schedule(active.toolchain.compiler, isa)
+
+
+# ------------------------------------------------------------------------------------------ build
 def cmd_build(args) -> int:
     from .kernels import build_all
-    specs = _specs_from_file(args.specfile)
+    from .specfile import load_spec_file
+    specs = load_spec_file(args.specfile)
+    if not specs:
+        print(f"{args.specfile} lists no kernels")
+        return EXIT_OK
     start = time.perf_counter()
     counts = {"built": 0, "cached": 0, "failed": 0}
     failures = []
+    live = sys.stderr.isatty()
 
     def on_done(spec, outcome):
         key = outcome if isinstance(outcome, str) else "failed"
@@ -28,80 +110,266 @@ def cmd_build(args) -> int:
         if key == "failed":
             failures.append((spec, outcome))
         done = sum(counts.values())
-        bar = "#" * (30 * done // len(specs))
-        print(f"\r[{bar:<30}] {done}/{len(specs)} {spec.short()} {spec.dtype} {spec.layout}".ljust(78),
-              end="", flush=True, file=sys.stderr)
+        label = f"{spec.short()} {spec.dtype} {spec.layout}"
+        if live:  # redraw one line on a terminal; a log gets one line per kernel
+            bar = "#" * (30 * done // len(specs))
+            print(f"\r[{bar:<30}] {done}/{len(specs)} {label}".ljust(78), end="", flush=True, file=sys.stderr)
+        else:
+            word = {"built": "built", "cached": "cached", "failed": "FAILED"}[key]
+            print(f"[{done}/{len(specs)}] {word} {label}", file=sys.stderr, flush=True)
 
     build_all(specs, jobs=args.jobs, on_done=on_done)
-    print(file=sys.stderr)
+    if live:
+        print(file=sys.stderr)
     for spec, exc in failures:
-        print(f"failed: {spec}: {exc}", file=sys.stderr)
+        print(f"failed: {spec.short()} {spec.dtype} {spec.layout}: {exc}", file=sys.stderr)
     print(f"{len(specs)} kernel modules: {counts['built']} built, {counts['cached']} already cached, "
           f"{counts['failed']} failed ({time.perf_counter() - start:.1f} s)")
-    return 1 if failures else 0
+    return EXIT_FAILURE if failures else EXIT_OK
 
 
+# --------------------------------------------------------------------------------------- generate
 def cmd_generate(args) -> int:
-    from .kernels import settings
+    from .export import module_basename
     from .render import render
+    from .specfile import load_spec_file
+    specs = load_spec_file(args.specfile)
+    schedule = _schedule(None)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    schedule = settings().schedule()
-    specs = _specs_from_file(args.specfile)
     for spec in specs:
-        rendered = render(spec, schedule)
-        path = out / f"conv2d_{spec.short()}_{spec.layout.lower()}_{spec.dtype}.c"
-        path.write_text(rendered.source)
+        (out / f"{module_basename(spec)}.c").write_text(render(spec, schedule).source)
     print(f"rendered {len(specs)} kernel modules into {out}/")
-    return 0
+    return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------------- show
+def _view(rendered, op: str | None) -> str:
+    """The whole module, or the entry points of `op` with what they use."""
+    from .csource import extract
+    if op is None:
+        return rendered.source
+    part = extract(rendered.source, [rendered.symbols[entry] for entry in OP_ENTRIES[op]])
+    total = rendered.source.count("\n")
+    note = (f"/* convgen show --op {op}: {_OP_TITLES[op]}. The entry point{'s' if len(OP_ENTRIES[op]) > 1 else ''} "
+            f"and the types, macros and routines they use,\n   {part.count(chr(10))} of the module's {total} lines; "
+            f"`convgen show` without --op prints it all. */\n")
+    return note + part
+
+
+def cmd_show(args) -> int:
+    from .csource import unified_diff
+    from .render import render
+    spec = _spec_from_args(args)
+    schedule = _schedule(args.isa)
+    if not args.diff:
+        sys.stdout.write(_view(render(spec, schedule), args.op))
+        return EXIT_OK
+    if not spec.specialized:
+        raise UsageError("--diff compares a specialized build with the generic one: give a window such as k3s1p1, "
+                         "without --generic")
+    generic, specialized = render(spec.generic(), schedule), render(spec, schedule)
+    what = f"{spec.dtype} {spec.layout}" + (f" --op {args.op}" if args.op else "")
+    sys.stdout.write(unified_diff(_view(generic, args.op), _view(specialized, args.op),
+                                  f"generic {what}", f"specialized {spec.short()} {what}"))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- export
+def cmd_export(args) -> int:
+    from .export import compile_hint, export_module, module_basename
+    from .render import render
+    rendered = render(_spec_from_args(args), _schedule(args.isa))
+    c_path, h_path = export_module(rendered, args.output)
+    print(f"wrote {c_path} and {h_path}")
+    print(f"build it with: (cd {c_path.parent} && {compile_hint(rendered, module_basename(rendered.spec))})")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
     from .compare import compare_layer, format_rows
-    from .spec import Window
-    window = Window.parse(args.spec)
+    window = args.spec
     n, c, h, w, f = args.shape
+    try:
+        window.output_size((h, w))
+    except ValueError as exc:
+        raise UsageError(f"--shape {n},{c},{h},{w},{f} does not fit {window.short()}: {exc}") from None
     print(f"conv2d {window.short()} {args.dtype} NCHW, x ({n}, {c}, {h}, {w}) -> {f} channels")
     print(format_rows(compare_layer(window, n, c, h, w, f, args.dtype, repeat=args.repeat)))
-    return 0
+    return EXIT_OK
 
 
-def _shape(text: str):
+# ------------------------------------------------------------------------------------------ cache
+_TAG = re.compile(rb"cg_conv2d_fwd_([a-z0-9_]+?)\x00")
+_WINDOW_TAG = re.compile(r"k(\d+)x(\d+)_s(\d+)x(\d+)_p(\d+)(?:_(\d+))?x(\d+)(?:_(\d+))?_d(\d+)x(\d+)_(nchw|nhwc)_(f32|f64)")
+_DTYPE_OF_SUFFIX = {"f32": "float32", "f64": "float64"}
+
+
+def _module_label(path: Path) -> str:
+    """Which spec a cached module holds, read from the C symbol names cffi keeps in the binary."""
     try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N,C,H,W,F as integers, got {text!r}") from None
-    if len(values) != 5 or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected five positive integers N,C,H,W,F, got {text!r}")
-    return values
+        found = _TAG.search(path.read_bytes())
+    except OSError:
+        return "?"
+    if not found:
+        return "?"
+    tag = found.group(1).decode()
+    generic = re.fullmatch(r"generic_(nchw|nhwc)_(f32|f64)", tag)
+    if generic:
+        return f"generic {_DTYPE_OF_SUFFIX[generic.group(2)]} {generic.group(1).upper()}"
+    window = _WINDOW_TAG.fullmatch(tag)
+    if not window:
+        return tag
+    kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, layout, dtype = window.groups()
+    pb, pr = pb or pt, pr or pl
+    text = Window((int(kh), int(kw)), (int(sh), int(sw)), ((int(pt), int(pb)), (int(pl), int(pr))),
+                  (int(dh), int(dw))).short()
+    return f"{text} {_DTYPE_OF_SUFFIX[dtype]} {layout.upper()}"
+
+
+def _cached_modules() -> list[Path]:
+    from .build import extension_suffix
+    from .cache import MODULE_PREFIX, cache_dir
+    directory = cache_dir()
+    return sorted(directory.glob(f"{MODULE_PREFIX}*{extension_suffix()}")) if directory.is_dir() else []
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def cmd_cache(args) -> int:
+    from .cache import cache_clear, cache_info
+    info = cache_info()
+    if args.action == "info":
+        print(f"directory: {info['dir']}{'' if Path(info['dir']).is_dir() else ' (not created yet)'}")
+        print(f"modules:   {info['modules']} ({_size(info['bytes'])})")
+        print("moved by:  CONVGEN_CACHE_DIR (default $XDG_CACHE_HOME/convgen or ~/.cache/convgen)")
+    elif args.action == "list":
+        modules = _cached_modules()
+        if not modules:
+            print(f"no cached kernel modules in {info['dir']}")
+            return EXIT_OK
+        rows = []
+        for path in modules:
+            st = path.stat()
+            when = datetime.datetime.fromtimestamp(st.st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+            rows.append((_module_label(path), _size(st.st_size), when, path.name))
+        width = max(len("kernels"), *(len(row[0]) for row in rows))
+        print(f"{'kernels':<{width}} {'size':>9}  {'modified':<19}  file")
+        for label, size, when, name in sorted(rows):
+            print(f"{label:<{width}} {size:>9}  {when:<19}  {name}")
+        print(f"{len(modules)} modules, {_size(info['bytes'])} in {info['dir']}")
+    else:
+        removed = cache_clear()
+        print(f"removed {removed} cached kernel module{'' if removed == 1 else 's'} from {info['dir']}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- parser
+def _add_spec_options(p, generic_help: str) -> None:
+    p.add_argument("spec", type=_spec_text, metavar="SPEC",
+                   help="the window: k<kernel>[s<stride>][p<padding>][d<dilation>], e.g. k3s2p1, k7s2p3d1, "
+                        "k3x5s1p1x2 (h x w); or 'generic'")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
+    p.add_argument("--layout", default="NCHW", type=str.upper, choices=LAYOUTS, help="data layout (default NCHW)")
+    p.add_argument("--generic", action="store_true", help=generic_help)
+    p.add_argument("--isa", choices=("avx512", "avx2", "portable"),
+                   help="render for this instruction set (default: CONVGEN_ISA, else the best this machine runs)")
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="convgen", description="Specialized 2-D convolution kernels.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # --verbose is accepted before or after the command; SUPPRESS keeps the command's copy from
+    # overwriting a --verbose given before it.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="on an error, print the traceback too")
+    parser = _Parser(
+        prog="convgen", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Specialized 2-D convolution kernels: build, read, export and compare them.",
+        epilog="examples:\n  convgen build kernels.toml -j 2\n  convgen show k3s2p1 --op forward --diff\n"
+               "  convgen export k3s2p1 -o export/\n  convgen compare k3s1p1 --shape 8,64,56,56,64\n"
+               "  convgen cache info\n\nexit codes: 0 success, 1 failure, 2 usage error")
+    parser.add_argument("-v", "--verbose", action="store_true", help="on an error, print the traceback too")
+    parser.add_argument("--version", action="version", version=f"convgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("build", help="build every spec of a kernel-set file",
-                       epilog="example: convgen build kernels.toml -j 2")
-    p.add_argument("specfile", nargs="?", default=DEFAULT_SPEC_FILE)
-    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
-    p.set_defaults(func=cmd_build)
+    def command(name, help, example, func):
+        p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", parents=[verbose],
+                           epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func, command_parser=p)
+        return p
 
-    p = sub.add_parser("generate", help="render the C of a kernel-set file without compiling",
-                       epilog="example: convgen generate kernels.toml -o generated/")
-    p.add_argument("specfile", nargs="?", default=DEFAULT_SPEC_FILE)
-    p.add_argument("-o", "--output", default="generated")
-    p.set_defaults(func=cmd_generate)
+    p = command("build", "build every kernel a spec file lists (parallel, cached)",
+                "convgen build kernels.toml -j 2", cmd_build)
+    p.add_argument("specfile", nargs="?", default=DEFAULT_SPEC_FILE, metavar="SPECFILE",
+                   help=f"TOML kernel-set file (default {DEFAULT_SPEC_FILE})")
+    p.add_argument("-j", "--jobs", type=_positive, default=None, help="parallel compiles (default: all cores)")
 
-    p = sub.add_parser("compare", help="time specialized vs generic vs NumPy (and PyTorch) on one layer",
-                       epilog="example: convgen compare k3s1p1 --shape 8,64,56,56,64")
-    p.add_argument("spec")
-    p.add_argument("--shape", type=_shape, required=True, help="N,C,H,W,F")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--repeat", type=int, default=7)
-    p.set_defaults(func=cmd_compare)
+    p = command("generate", "render the C of every kernel a spec file lists, without compiling",
+                "convgen generate kernels.toml -o generated/", cmd_generate)
+    p.add_argument("specfile", nargs="?", default=DEFAULT_SPEC_FILE, metavar="SPECFILE",
+                   help=f"TOML kernel-set file (default {DEFAULT_SPEC_FILE})")
+    p.add_argument("-o", "--output", default="generated", metavar="DIR", help="output directory (default generated)")
+
+    p = command("show", "print the generated C of one kernel module",
+                "convgen show k3s2p1 --op forward --diff", cmd_show)
+    _add_spec_options(p, "show the generic build (window at run time) of the same dtype and layout")
+    p.add_argument("--op", choices=tuple(OP_ENTRIES),
+                   help="only this op's entry points and the code they use (transpose = conv2d's input gradient)")
+    p.add_argument("--diff", action="store_true", help="unified diff of the generic build against the specialized one")
+
+    p = command("export", "write a kernel module as a standalone .c/.h pair (no Python, no cffi)",
+                "convgen export k3s2p1 -o export/  &&  cc -O3 -fopenmp -c export/conv2d_k3s2p1_nchw_float32.c",
+                cmd_export)
+    _add_spec_options(p, "export the generic build (window at run time) of the same dtype and layout")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the .c and .h")
+
+    p = command("compare", "time specialized vs generic vs NumPy (and PyTorch when installed) on one NCHW layer",
+                "convgen compare k3s1p1 --shape 8,64,56,56,64 --repeat 5", cmd_compare)
+    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1")
+    p.add_argument("--shape", type=_shape, required=True, metavar="N,C,H,W,F",
+                   help="batch, input channels, height, width, output channels")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
+    p.add_argument("--repeat", type=_positive, default=7, help="timed rounds; the median is shown (default 7)")
+
+    p = command("cache", "show, list or clear the cache of built kernel modules", "convgen cache list", cmd_cache)
+    p.add_argument("action", choices=("info", "list", "clear"),
+                   help="info: where and how big; list: every module; clear: delete them all")
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one readable line; a compiler failure keeps its first error line."""
+    from .build import BuildError
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    if isinstance(exc, BuildError):
+        errors = [line for line in lines[1:] if not line.startswith("$ ") and "error" in line.lower()]
+        if errors:
+            text = f"{text.rstrip(':')}: {errors[0]}"
+    return text
 
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
-    return args.func(args)
+    verbose = getattr(args, "verbose", False)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        args.command_parser.error(str(exc))
+    except KeyboardInterrupt:
+        print("convgen: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `convgen show ... | head`): stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    except Exception as exc:  # every failure becomes one line; --verbose shows where it came from
+        if verbose:
+            traceback.print_exc()
+        print(f"convgen: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE

@@ -1,0 +1,171 @@
+"""Standalone C: a kernel module as a .c/.h pair that any C compiler builds, without Python or cffi.
+
+The rendered module is plain C already (templates/conv.c.j2); the export adds a header that
+carries its prototypes (the same text as the cffi cdef) with what a C caller needs to know: the
+array shapes in the spec's layout, what each size means, the output-size formula with this
+spec's numbers, the thread count and the return codes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from pathlib import Path
+
+from . import __version__
+from .build import DEFAULT_CFLAGS
+from .render import Rendered
+from .spec import ConvSpec
+
+# The shapes of the arrays, per layout; sizes as named in the C signatures.
+_SHAPES = {
+    "NCHW": {"x": "(n, c, h, w)", "y": "(n, f, ho, wo)", "weight": "(f, c / groups, {kh}, {kw})"},
+    "NHWC": {"x": "(n, h, w, c)", "y": "(n, ho, wo, f)", "weight": "({kh}, {kw}, c / groups, f)"},
+}
+
+_OP_DOCS = {
+    "fwd": """\
+Forward convolution (cross-correlation, as PyTorch's conv2d): y = conv2d(x, weight) + bias.
+  x       input images {x}
+  weight  filters {weight}
+  bias    one per output channel (f), or NULL for none
+  y       output images {y}, overwritten
+Returns 0, or 1 if the scratch memory could not be allocated (y is then left untouched).""",
+    "bwd_data": """\
+Input gradient: dx = dL/dx given dy = dL/dy, for the forward convolution of the same sizes.
+  dy      output gradient, shaped as y {y}
+  weight  filters {weight}
+  dx      input gradient, shaped as x {x}, overwritten
+This is also the transposed convolution (conv_transpose2d): its input is dy, its output is dx,
+its weights are this weight; pass f = C_in, (ho, wo) = its input size, c = C_out and (h, w) = its
+output size. Add its bias yourself.
+Returns 0, or 1 if the scratch memory could not be allocated.""",
+    "bwd_weight": """\
+Weight gradient: dweight = dL/dweight given dy = dL/dy and the forward input x.
+  dy       output gradient, shaped as y {y}
+  x        input images {x}
+  dweight  shaped as weight {weight}, overwritten
+The bias gradient is dy summed over n, ho and wo; it is not computed here.
+Returns 0, or 1 if the scratch memory could not be allocated.""",
+    "workspace": """\
+Bytes of scratch memory one call allocates for these sizes: op 0 forward, 1 input gradient,
+2 weight gradient. The kernels allocate it themselves; this is for planning only.""",
+}
+
+
+def module_basename(spec: ConvSpec) -> str:
+    """File name stem of one kernel module, e.g. conv2d_k3s2p1_nchw_float32 (also used by `generate`)."""
+    return f"conv2d_{spec.short()}_{spec.layout.lower()}_{spec.dtype}"
+
+
+def compile_hint(rendered: Rendered, name: str) -> str:
+    """The command line that builds the exported source as convgen builds it (less the Python parts)."""
+    flags = [*DEFAULT_CFLAGS, *rendered.schedule.arch_flags, "-fopenmp", "-fno-strict-aliasing"]
+    return shlex.join(["cc", *flags, "-c", f"{name}.c"])
+
+
+def _sizes_doc(spec: ConvSpec) -> str:
+    if spec.specialized:
+        w = spec.window
+        (kh, kw), (sh, sw), (dh, dw) = w.kernel, w.stride, w.dilation
+        (pt, pb), (pl, pr) = w.padding
+        window = (f"This build is specialized for the window {spec.short()}: kernel {kh}x{kw}, stride {sh}x{sw},\n"
+                  f"padding top {pt}, bottom {pb}, left {pl}, right {pr}, dilation {dh}x{dw}. They are compiled in.")
+        ho = f"(h + {pt + pb} - {dh * (kh - 1) + 1}) / {sh} + 1"
+        wo = f"(w + {pl + pr} - {dw * (kw - 1) + 1}) / {sw} + 1"
+        window_args = ""
+    else:
+        window = ("This is the generic build: the window is given at run time by kh, kw (kernel size), sh, sw\n"
+                  "(stride), pt, pl (padding at the top and left) and dh, dw (dilation); all >= 1 but pt, pl >= 0.")
+        ho = "(h + pt + pb - dh * (kh - 1) - 1) / sh + 1"
+        wo = "(w + pl + pr - dw * (kw - 1) - 1) / sw + 1"
+        window_args = " kh, kw, sh, sw, pt, pl, dh, dw: the window, as above (pb, pr: bottom and right padding).\n"
+    return f"""\
+{window}
+
+Sizes, the same for every op (those of the forward convolution x -> y):
+ n: images in the batch; c: input channels; h, w: input height and width;
+ f: output channels; groups: channel groups (divides c and f; 1 for a plain convolution);
+ ho = {ho}
+ wo = {wo}
+   (integer division; the padding at the bottom and right is implied by ho and wo).
+{window_args} nthreads: the most threads the call may use (>= 1). Built without OpenMP the call runs
+   on the calling thread.
+"""
+
+
+def _comment(text: str, indent: str = "") -> str:
+    lines = text.rstrip("\n").split("\n")
+    body = "\n".join(f"{indent} * {line}".rstrip() for line in lines)
+    return f"{indent}/*\n{body}\n{indent} */"
+
+
+def header_text(rendered: Rendered) -> str:
+    """The .h of an exported module: documented prototypes taken from the cdef."""
+    spec = rendered.spec
+    name = module_basename(spec)
+    guard = re.sub(r"\W", "_", name).upper() + "_H"
+    kh, kw = spec.window.kernel if spec.specialized else ("kh", "kw")
+    shapes = {key: value.format(kh=kh, kw=kw) for key, value in _SHAPES[spec.layout].items()}
+    prototypes = [p.strip() + ";" for p in rendered.cdef.split(";") if p.strip()]
+    blocks = []
+    for prototype in prototypes:
+        op = next((op for op, symbol in rendered.symbols.items() if f" {symbol}(" in f" {prototype}"), None)
+        doc = _OP_DOCS.get(op)
+        blocks.append((_comment(doc.format(**shapes)) + "\n" if doc else "") + prototype)
+    about = f"""\
+{name}.h: 2-D convolution kernels exported by convgen {__version__}. Plain C: no Python, no cffi.
+Element type {spec.c_type} ({spec.dtype}), layout {spec.layout}; C symbols end in {spec.symbol("fwd").split("_fwd_")[1]}.
+
+Build the source as convgen builds it (-fopenmp for threads; the arch flag for the vector
+width of the {rendered.schedule.isa} schedule the code was rendered for; both may be left out):
+    {compile_hint(rendered, name)}
+Without -fopenmp the OpenMP pragmas are ignored (-Wall warns about them: -Wno-unknown-pragmas).
+
+Arrays are contiguous, row-major, of {spec.c_type}; their shapes in layout {spec.layout}:
+ x {shapes["x"]}, weight {shapes["weight"]}, y {shapes["y"]}.
+No alignment beyond the element type's is needed. Inputs are not modified; outputs must not
+overlap inputs. The kernels trust their arguments: the sizes must match the arrays.
+
+{_sizes_doc(spec)}"""
+    return f"""{_comment(about)}
+#ifndef {guard}
+#define {guard}
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+{chr(10).join(block + chr(10) for block in blocks)}
+#ifdef __cplusplus
+}}
+#endif
+
+#endif /* {guard} */
+"""
+
+
+def source_text(rendered: Rendered) -> str:
+    """The .c of an exported module: the rendered source, checked against its header."""
+    name = module_basename(rendered.spec)
+    intro = textwrap.dedent(f"""\
+        /* {name}.c: exported by convgen {__version__}; the prototypes and their documentation are in {name}.h.
+           Build: {compile_hint(rendered, name)} */
+        #include "{name}.h"
+
+        """)
+    return intro + rendered.source
+
+
+def export_module(rendered: Rendered, directory) -> tuple[Path, Path]:
+    """Write `<name>.c` and `<name>.h` of `rendered` into `directory` (created if missing)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = module_basename(rendered.spec)
+    c_path, h_path = directory / f"{name}.c", directory / f"{name}.h"
+    h_path.write_text(header_text(rendered))
+    c_path.write_text(source_text(rendered))
+    return c_path, h_path
