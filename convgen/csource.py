@@ -79,12 +79,19 @@ def _defined_names(code: str, is_function: bool) -> set[str]:
         head = code[:code.index("(")]
         return set(_IDENTIFIER.findall(head)[-1:])
     names = set()
-    if "{" in code:
+    head = code.split("=", 1)[0]
+    if "{" in head and re.match(r"\s*(typedef\s+)?(struct|union|enum)\b", code):
         body = code[code.index("{") + 1:code.rindex("}")]
         if re.match(r"\s*(typedef\s+)?enum\b", code):
             names |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=[^,}]*)?(?:,|$)", body.strip()))
         tail = code[code.rindex("}") + 1:]
         names |= set(_IDENTIFIER.findall(tail))
+        tag = re.match(r"\s*(?:typedef\s+)?(?:struct|union|enum)\s+([A-Za-z_]\w*)", code)
+        if tag:
+            names.add(tag.group(1))
+    elif re.search(r"\(\s*\*\s*[A-Za-z_]\w*\s*\)", code):
+        # A function pointer: typedef int (*name)(...); or int (*name)(...) = ...;
+        names.add(re.search(r"\(\s*\*\s*([A-Za-z_]\w*)\s*\)", code).group(1))
     else:
         # A plain declaration: the last name before any initializer, array bound or the semicolon.
         head = re.split(r"[=\[;]", code, maxsplit=1)[0]

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 
 from convgen import reference
 from convgen.cli import make_parser
+from convgen.csource import extract
 from convgen.spec import ConvSpec, Window
 from helpers import TOLERANCE, to_layout
 
@@ -252,6 +254,41 @@ def _patch(before, hunks):
         elif line.startswith("+"):
             out.append(line[1:])
     return out + before[at:]
+
+
+def test_extract_keeps_exactly_what_an_entry_point_uses():
+    """The cutting behind `show --op`, on C written to exercise each kind of top-level item."""
+    source = textwrap.dedent("""\
+        /* header comment */
+        #include <stdint.h>
+        #define SCALE 2
+        #define UNUSED_MACRO 3
+        typedef int (*op_fn)(int);
+        static const int table[] = {1, 2};
+        struct node { int v; };
+        typedef struct { struct node n; } holder_t;
+        enum { FIRST = 1, SECOND };
+        enum { OTHER = 9 };
+        /* doubles v */
+        static int twice(int v) { holder_t h = {{SECOND}}; return SCALE * v + table[0] - 1 + h.n.v; }
+        static int unused(int v) { return v + OTHER + UNUSED_MACRO; }
+        int entry(int v)
+        {
+            op_fn f = twice;  /* a comment naming unused() does not count */
+            return f(v);
+        }
+        int other_entry(int v) { return unused(v); }
+        """)
+    cut = extract(source, ["entry"])
+    kept = ["/* header comment */", "#include <stdint.h>", "#define SCALE 2", "typedef int (*op_fn)(int);",
+            "static const int table[] = {1, 2};", "struct node { int v; };", "typedef struct { struct node n; } holder_t;",
+            "enum { FIRST = 1, SECOND };", "/* doubles v */", "static int twice(int v)", "int entry(int v)"]
+    for text in kept:
+        assert text in cut, text
+    for text in ("UNUSED_MACRO", "OTHER", "static int unused", "other_entry"):
+        assert text not in cut.replace("naming unused()", ""), text
+    with pytest.raises(ValueError, match="defines no missing"):
+        extract(source, ["missing"])
 
 
 def test_show_into_a_closed_pipe_is_quiet():
