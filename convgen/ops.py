@@ -8,7 +8,6 @@ share three kernels.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import os
@@ -16,7 +15,7 @@ import os
 import numpy as np
 
 from .kernels import get_kernels, num_threads
-from .spec import ConvSpec, Window, as_pair, explicit_padding
+from .spec import ConvSpec, Window, as_pair
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _MAX_ELEMENTS = 2 ** 62  # any array or index the kernels form stays below this (int64 arithmetic)
@@ -115,7 +114,7 @@ def _as_c_array(name, value, dtype, ndim):
             # A broadcast or strided view can stand for far more elements than it stores.
             _check_new_array(f"a contiguous copy of {name}", value.shape, dtype)
         try:
-            array = np.ascontiguousarray(value, dtype=dtype)
+            array = np.asarray(value, dtype=dtype, order="C")  # (ascontiguousarray would make a scalar 1-D)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{name} must be an array of floats: {exc}") from None
     if array.ndim != ndim:
@@ -162,15 +161,37 @@ def _check_workspace(call, op, weight, what):
 
 
 # --------------------------------------------------------------------------------------- geometry
-def _hashable(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    return value
+def _key(value):
+    """A hashable stand-in for a window parameter that equals no differently typed value.
+
+    Plain hashing would let 2.0 or True find the window cached for 2 or 1 and skip validation;
+    here only ints and strings stand for themselves.
+    """
+    kind = type(value)
+    if kind is int or kind is str:
+        return value
+    if kind is tuple or kind is list:
+        return tuple(_key(v) for v in value)
+    return (kind, value)
 
 
-@functools.lru_cache(maxsize=4096)
-def _window(kernel, stride, padding, dilation, input_hw, transposed):
-    return _bounded(Window.resolve(kernel, stride, padding, dilation, input_hw, transposed))
+_WINDOWS: dict = {}  # (kernel, stride, padding, dilation, input size, transposed) keys -> checked Window
+_WINDOWS_MAX = 4096
+
+
+def _resolve_window(kernel, stride, padding, dilation, input_hw, transposed=False) -> Window:
+    """The checked Window of these parameters (resolved once per distinct parameters and input size)."""
+    try:
+        key = (kernel, _key(stride), _key(padding), _key(dilation), input_hw, transposed)
+        return _WINDOWS[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable parameters (e.g. arrays): resolve them uncached, which reports them
+        key = None
+    window = _bounded(Window.resolve(kernel, stride, padding, dilation, input_hw, transposed))
+    if key is not None and len(_WINDOWS) < _WINDOWS_MAX:
+        _WINDOWS[key] = window
+    return window
 
 
 def _bounded(window: Window) -> Window:
@@ -181,16 +202,6 @@ def _bounded(window: Window) -> Window:
         if max(values) > _MAX_WINDOW_VALUE:
             raise ValueError(f"{name} must be at most {_MAX_WINDOW_VALUE}, got {max(values)}")
     return window
-
-
-def _resolve_window(kernel, stride, padding, dilation, input_hw, transposed=False) -> Window:
-    stride, padding, dilation = _hashable(stride), _hashable(padding), _hashable(dilation)
-    try:
-        return _window(kernel, stride, padding, dilation, input_hw, transposed)
-    except TypeError as exc:
-        if "unhashable" not in str(exc):
-            raise
-        return _bounded(Window.resolve(kernel, stride, padding, dilation, input_hw, transposed))
 
 
 def _check_layout(layout) -> str:
@@ -364,7 +375,7 @@ def _transpose_geometry(x, w, stride, padding, output_padding, dilation, groups,
     c_out = c_out_g * groups
     window = _resolve_window((kh, kw), stride, padding, dilation, (h, width), transposed=True)
     op = as_pair("output_padding", output_padding, minimum=0)
-    if explicit_padding(_hashable(padding)) == "same":
+    if isinstance(padding, str) and padding.lower() == "same":
         if op != (0, 0):
             raise ValueError(f"output_padding must be 0 with padding='same' (the output is input·stride), got {op}")
         op = window.implicit_output_padding((h, width))
