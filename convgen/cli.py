@@ -321,7 +321,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", action="store_true", help="unified diff of the generic build against the specialized one")
 
     p = command("export", "write a kernel module as a standalone .c/.h pair (no Python, no cffi)",
-                "convgen export k3s2p1 -o export/  &&  cc -O3 -fopenmp -c export/conv2d_k3s2p1_nchw_float32.c",
+                "convgen export k3s2p1 -o export/  &&  cc -O3 -fopenmp -fno-strict-aliasing -c export/conv2d_k3s2p1_nchw_float32.c",
                 cmd_export)
     _add_spec_options(p, "export the generic build (window at run time) of the same dtype and layout")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the .c and .h")

@@ -118,8 +118,9 @@ def header_text(rendered: Rendered) -> str:
 {name}.h: 2-D convolution kernels exported by convgen {__version__}. Plain C: no Python, no cffi.
 Element type {spec.c_type} ({spec.dtype}), layout {spec.layout}; C symbols end in {spec.symbol("fwd").split("_fwd_")[1]}.
 
-Build the source as convgen builds it (-fopenmp for threads; the arch flag for the vector
-width of the {rendered.schedule.isa} schedule the code was rendered for; both may be left out):
+Build the source as convgen builds it: -fno-strict-aliasing is needed (the kernels view one
+buffer through several pointer types); -fopenmp gives threads and the arch flag the vector width of
+the {rendered.schedule.isa} schedule the code was rendered for, and both may be left out:
     {compile_hint(rendered, name)}
 Without -fopenmp the OpenMP pragmas are ignored (-Wall warns about them: -Wno-unknown-pragmas).
 

@@ -370,7 +370,8 @@ def exported(tmp_path_factory):
                               fwd=spec.symbol("fwd"), bwd_weight=spec.symbol("bwd_weight"))
         (directory / "main.c").write_text(main)
         program = directory / "main"
-        command = [GCC, "-O1", *(["-fopenmp"] if openmp else []), "-Wno-unknown-pragmas", "-o", str(program),
+        command = [GCC, "-O1", *(["-fopenmp"] if openmp else []), "-fno-strict-aliasing", "-Wno-unknown-pragmas",
+                   "-o", str(program),
                    str(directory / "main.c"), str(directory / f"{name}.c")]
         compiles[key] = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=directory)
         programs[key] = (program, window, dtype, layout)
