@@ -69,6 +69,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "NR": schedule.nr(spec.dtype),
         "KC": int(schedule.kc),
         "NC": int(schedule.nc),
+        "MAX_UNROLLED_TAPS": int(schedule.max_unrolled_taps),
     }
     if spec.specialized:
         w = spec.window

@@ -26,6 +26,9 @@ class Schedule:
     kc: int                # depth of one packed panel
     nc: int                # output pixels per work item (rounded to a multiple of NR)
     ukernel: str = "simd"  # "simd", or "reference": the plain scalar micro-kernel, kept for tests
+    # The forward micro-kernel unrolls the window's taps up to this many; larger windows (7x7: 49)
+    # keep a loop over taps there, measured faster: the unrolled body outgrows the decoded-uop cache.
+    max_unrolled_taps: int = 25
     arch_flags: tuple[str, ...] = ()
 
     def lanes(self, dtype: str) -> int:
@@ -83,7 +86,7 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
         raise TypeError(f"unknown schedule fields: {sorted(unknown)}")
     fields.update(overrides)
     schedule = Schedule(**fields)
-    for name in ("mr", "nr_vectors", "kc", "nc"):
+    for name in ("mr", "nr_vectors", "kc", "nc", "max_unrolled_taps"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")

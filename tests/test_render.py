@@ -1,5 +1,6 @@
 """The rendered C: specialized and generic from one template, the window loops gone when specialized."""
 
+import dataclasses
 import re
 
 import pytest
@@ -9,6 +10,7 @@ from convgen.render import render
 from convgen.spec import ConvSpec, Window
 
 WINDOW_LOOP = re.compile(r"for \(int64_t [ij] = 0; [ij] < (g->k[hw]|\d+);")
+TAP_LOOP = re.compile(r"for \(int64_t t = 0; t < KK;")
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +18,12 @@ def schedule():
     return settings().schedule()
 
 
-@pytest.mark.parametrize("text", ["k3s1p1", "k7s2p3", "k3x5s2x1p1x2d2", "k1s1p0"])
+@pytest.mark.parametrize("text", ["k3s1p1", "k5s1p2", "k3x5s2x1p1x2d2", "k1s1p0"])
 def test_specialized_source_has_no_window_loop(schedule, text):
     spec = ConvSpec(Window.parse(text))
     source = render(spec, schedule).source
     assert not WINDOW_LOOP.search(source), WINDOW_LOOP.search(source)
+    assert not TAP_LOOP.search(source)
     for field in ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw"):
         assert f"g->{field}" not in source
     kh, kw = spec.window.kernel
@@ -29,9 +32,20 @@ def test_specialized_source_has_no_window_loop(schedule, text):
     assert spec.symbol("fwd") in source
 
 
+def test_large_windows_keep_only_the_micro_kernel_tap_loop(schedule):
+    """7x7 has 49 taps, above max_unrolled_taps: packing stays unrolled, the micro-kernel loops over taps."""
+    spec = ConvSpec(Window.parse("k7s2p3"))
+    source = render(spec, schedule).source
+    assert not WINDOW_LOOP.search(source)
+    assert len(TAP_LOOP.findall(source)) == 1
+    assert source.count("const int64_t i = 6, j = 6;") >= 2
+    unrolled = render(spec, dataclasses.replace(schedule, max_unrolled_taps=49)).source
+    assert not TAP_LOOP.search(unrolled) and not WINDOW_LOOP.search(unrolled)
+
+
 def test_generic_source_loops_over_the_window(schedule):
     source = render(ConvSpec(None), schedule).source
-    assert WINDOW_LOOP.search(source)
+    assert WINDOW_LOOP.search(source) and TAP_LOOP.search(source)
     assert "g->kh" in source and "g->dw" in source
     assert "const int64_t i = 0, j = 0;" not in source
 
