@@ -12,11 +12,12 @@ from .cache import CacheError, cache_clear, cache_info
 from .build import BuildError
 from .kernels import configure, get_kernels, build_all, num_threads, set_num_threads
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
+from .layers import Conv2d, ConvTranspose2d
 from .spec import ConvSpec, Window
 from . import reference
 
 __all__ = [
-    "conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward",
+    "conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward", "Conv2d", "ConvTranspose2d",
     "ConvSpec", "Window", "get_kernels", "build_all", "configure", "num_threads", "set_num_threads",
     "cache_info", "cache_clear", "CacheError", "BuildError", "reference",
 ]
