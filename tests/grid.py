@@ -17,6 +17,10 @@ GRADIENT_WINDOWS = [
     Window((3, 3), 1, 1, 2), Window((3, 3), 2, 2, 3), Window((2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1)),
     Window((4, 4), 2, 1), Window((5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3)), Window((1, 1), 1, 0),
     Window((3, 3), 2, 0), Window((3, 3), 1, ((1, 1), (1, 1)), 1), Window((4, 2), (2, 3), ((1, 2), (0, 1)), 1),
+    # test_gradients.py: pair padding with dilation, "valid" with dilation, and what "same" resolves to there
+    Window((3, 5), (2, 1), (1, 2), (1, 2)), Window((3, 3), 1, 0, 2), Window((4, 2), 1, ((1, 2), (0, 1))),
+    Window((3, 3), 2, ((1, 1), (0, 1))), Window((3, 3), 3, ((2, 2), (1, 2)), 2),
+    Window((2, 3), (2, 1), ((0, 1), (2, 2)), (1, 2)), Window((4, 3), 2, ((1, 1), (0, 1))), Window((3, 3), 3, 1, 2),
 ]
 
 LAYOUTS = ("NCHW", "NHWC")

@@ -1,0 +1,367 @@
+"""Gradients and transposed convolution: conv2d_backward, conv_transpose2d and its backward.
+
+Oracles: convgen.reference over cases with dilation 1-3, groups 1/2/depthwise and every padding
+form; central-difference gradients of convgen's own ops; the seed talk's hand-checked transposed
+example; and the adjoint identity <conv2d(x, w), y> = <x, conv_transpose2d(y, w)>.
+"""
+
+import dataclasses
+import zlib
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import reference
+from convgen.spec import Window
+from grid import DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS
+from helpers import assert_close, to_layout
+
+VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One convolution: x is (n, c, h, w) in NCHW terms; f output channels.
+
+    For conv2d the weight is (f, c/groups, KH, KW); for conv_transpose2d c is C_in, f is C_out and
+    the weight is (c, f/groups, KH, KW), both moved to the layout's conventions by `arrays`.
+    """
+
+    name: str
+    n: int
+    c: int
+    h: int
+    w: int
+    f: int
+    kernel: tuple
+    stride: object = 1
+    padding: object = 0
+    dilation: object = 1
+    groups: int = 1
+    output_padding: object = 0  # conv_transpose2d only
+
+    def kwargs(self, transposed=False):
+        kw = dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
+        if transposed:
+            kw["output_padding"] = self.output_padding
+        return kw
+
+    def window(self, transposed=False) -> Window:
+        """The explicit window "same"/"valid" resolve to for this input size (what gets compiled)."""
+        return Window.resolve(self.kernel, self.stride, self.padding, self.dilation, (self.h, self.w), transposed)
+
+    def arrays(self, rng, layout, dtype, transposed=False):
+        weight_shape = ((self.c, self.f // self.groups) if transposed else (self.f, self.c // self.groups))
+        x, weight = to_layout(rng.standard_normal((self.n, self.c, self.h, self.w)),
+                              rng.standard_normal(weight_shape + tuple(self.kernel)), layout)
+        return x.astype(dtype), weight.astype(dtype), rng.standard_normal(self.f).astype(dtype)
+
+    def __str__(self):
+        return self.name
+
+
+# The resolved windows of every case below are in tests/grid.py (see test_every_window_is_prebuilt).
+CONV_CASES = [
+    Case("d2-pad1", 2, 3, 9, 8, 4, (3, 3), 1, 1, 2),
+    Case("d3-s2-pad2-g2", 2, 4, 11, 10, 6, (3, 3), 2, 2, 3, 2),
+    Case("sides-rect-d2x1", 1, 2, 7, 9, 3, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1)),
+    Case("sides-s3x1-d1x3", 2, 3, 10, 12, 2, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3)),
+    Case("pair-pad-depthwise", 2, 4, 9, 10, 4, (3, 5), (2, 1), (1, 2), (1, 2), 4),
+    Case("depthwise-x2-d2", 1, 3, 8, 8, 6, (3, 3), 1, 1, 2, 3),
+    Case("valid-k4-s3", 2, 3, 11, 10, 4, (4, 4), 3, "valid"),
+    Case("valid-d2-g2", 1, 4, 9, 9, 4, (3, 3), 1, "valid", 2, 2),
+    Case("same-odd-total-s1", 2, 3, 9, 7, 4, (4, 2), 1, "same"),
+    Case("same-s2-odd-total", 2, 3, 9, 8, 5, (3, 3), 2, "same"),
+    Case("same-s3-d2-g2", 1, 4, 10, 8, 2, (3, 3), 3, "same", 2, 2),
+    Case("same-s2x1-d1x2-depthwise", 2, 3, 7, 6, 3, (2, 3), (2, 1), "same", (1, 2), 3),
+    Case("1x1-g2", 2, 4, 5, 5, 6, (1, 1), 1, 0, 1, 2),
+    Case("1x1-s2-pad1-unreached", 1, 2, 6, 7, 3, (1, 1), 2, 1),
+]
+
+TRANSPOSE_CASES = [
+    Case("k4-s2-pad1", 2, 3, 4, 5, 2, (4, 4), 2, 1),
+    Case("s2-op1", 2, 2, 3, 4, 3, (3, 3), 2, 0, output_padding=1),
+    Case("s1-d2-op1", 1, 2, 4, 5, 4, (3, 3), 1, 1, 2, output_padding=1),          # op >= stride: d > s
+    Case("s2-d3-op2-g2", 2, 4, 4, 3, 2, (3, 3), 2, 2, 3, 2, output_padding=2),    # op >= stride: d > s
+    Case("sides-s3x1-d1x3-op2", 1, 2, 3, 4, 3, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3), output_padding=2),
+    Case("sides-rect-g2-op1", 2, 4, 4, 3, 2, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1), 2, output_padding=1),
+    Case("sides-depthwise-op1x2", 1, 4, 3, 4, 4, (4, 2), (2, 3), ((1, 2), (0, 1)), 1, 4,
+         output_padding=(1, 2)),
+    Case("pair-pad-depthwise-x2", 2, 3, 4, 5, 6, (3, 5), (2, 1), (1, 2), (1, 2), 3, output_padding=1),
+    Case("valid-k4-s3-op2x1", 1, 3, 3, 4, 2, (4, 4), 3, "valid", output_padding=(2, 1)),
+    Case("same-s2-odd-total", 2, 3, 3, 4, 2, (4, 3), 2, "same"),
+    Case("same-s1-odd-total-g2", 1, 4, 5, 6, 2, (4, 2), 1, "same", 1, 2),
+    Case("same-s3-d2-depthwise", 1, 3, 3, 4, 3, (3, 3), 3, "same", 2, 3),
+]
+
+# Small cases for the numerical gradients (each costs two op calls per input element).
+NUMERIC_CONV_CASES = [
+    Case("d3-s2-pad2-g2", 2, 4, 6, 7, 4, (3, 3), 2, 2, 3, 2),
+    Case("sides-rect-d2x1", 1, 2, 5, 6, 3, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1)),
+    Case("same-s2-odd-total", 1, 2, 9, 8, 3, (3, 3), 2, "same"),
+    Case("pair-pad-depthwise-x2", 1, 3, 5, 7, 6, (3, 5), (2, 1), (1, 2), (1, 2), 3),
+]
+NUMERIC_TRANSPOSE_CASES = [
+    Case("k4-s2-pad1", 1, 2, 3, 4, 3, (4, 4), 2, 1),
+    Case("s2-d3-op2-g2", 1, 4, 3, 3, 2, (3, 3), 2, 2, 3, 2, output_padding=2),
+    Case("sides-s3x1-d1x3-op2", 1, 2, 3, 3, 2, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3), output_padding=2),
+    Case("same-s2-odd-total", 2, 2, 3, 4, 2, (4, 3), 2, "same"),
+]
+
+# "same" on both sides of the adjoint identity: input sizes divisible by the stride.
+SAME_ADJOINT_CASES = [
+    Case("k4x3-s2", 2, 3, 6, 8, 4, (4, 3), 2, "same"),
+    Case("k4x2-s1", 1, 2, 5, 7, 3, (4, 2), 1, "same"),
+    Case("k3-s3-d2-g3", 2, 3, 9, 6, 6, (3, 3), 3, "same", 2, 3),
+]
+
+
+def _output_shape(case, layout, transposed):
+    """The op's output shape, by the reference's own shape arithmetic."""
+    x, w, _ = case.arrays(np.random.default_rng(0), layout, np.float64, transposed)
+    op = reference.conv_transpose2d if transposed else reference.conv2d
+    return op(x, w, layout=layout, **case.kwargs(transposed)).shape
+
+
+def _rng(*key):
+    """A generator seeded by the test's parameters (stable across runs, unlike hash() of strings)."""
+    return np.random.default_rng(zlib.crc32(repr(tuple(str(k) for k in key)).encode()))
+
+
+# ----------------------------------------------------------------------------- against the reference
+@VARIANTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv2d_forward_matches_reference(case, layout, dtype, specialize):
+    x, w, b = case.arrays(_rng(case, layout, dtype), layout, dtype)
+    y = convgen.conv2d(x, w, b, layout=layout, specialize=specialize, **case.kwargs())
+    assert_close(y, reference.conv2d(x, w, b, layout=layout, **case.kwargs()), dtype, "y")
+
+
+@VARIANTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv2d_backward_matches_reference(case, layout, dtype, specialize):
+    rng = _rng(case, layout, dtype)
+    x, w, _ = case.arrays(rng, layout, dtype)
+    dy = rng.standard_normal(_output_shape(case, layout, transposed=False)).astype(dtype)
+    dx, dw, db = convgen.conv2d_backward(dy, x, w, layout=layout, specialize=specialize, **case.kwargs())
+    ex, ew, eb = reference.conv2d_backward(dy, x, w, layout=layout, **case.kwargs())
+    assert_close(dx, ex, dtype, "dx")
+    assert_close(dw, ew, dtype, "dw")
+    assert_close(db, eb, dtype, "db")
+
+
+@VARIANTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_matches_reference(case, layout, dtype, specialize):
+    x, w, b = case.arrays(_rng(case, layout, dtype), layout, dtype, transposed=True)
+    kw = case.kwargs(transposed=True)
+    y = convgen.conv_transpose2d(x, w, b, layout=layout, specialize=specialize, **kw)
+    assert_close(y, reference.conv_transpose2d(x, w, b, layout=layout, **kw), dtype, "y")
+    # without a bias too: the kernel's own output, no bias added afterwards
+    y = convgen.conv_transpose2d(x, w, layout=layout, specialize=specialize, **kw)
+    assert_close(y, reference.conv_transpose2d(x, w, layout=layout, **kw), dtype, "y without bias")
+
+
+@VARIANTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_backward_matches_reference(case, layout, dtype, specialize):
+    rng = _rng(case, layout, dtype)
+    x, w, _ = case.arrays(rng, layout, dtype, transposed=True)
+    kw = case.kwargs(transposed=True)
+    dy = rng.standard_normal(_output_shape(case, layout, transposed=True)).astype(dtype)
+    dx, dw, db = convgen.conv_transpose2d_backward(dy, x, w, layout=layout, specialize=specialize, **kw)
+    ex, ew, eb = reference.conv_transpose2d_backward(dy, x, w, layout=layout, **kw)
+    assert_close(dx, ex, dtype, "dx")
+    assert_close(dw, ew, dtype, "dw")
+    assert_close(db, eb, dtype, "db")
+
+
+# ---------------------------------------------------------------------------- numerical gradients
+def _numerical_gradient(loss, array, h=1e-3):
+    """Central differences of loss() with respect to each element of `array` (perturbed in place).
+
+    The losses below are quadratic in every array, so central differences are exact up to rounding.
+    """
+    grad = np.zeros_like(array)
+    flat, flat_grad = array.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        saved = flat[i]
+        flat[i] = saved + h
+        up = loss()
+        flat[i] = saved - h
+        down = loss()
+        flat[i] = saved
+        flat_grad[i] = (up - down) / (2 * h)
+    return grad
+
+
+def _relative_error(numerical, analytic):
+    scale = max(float(np.abs(numerical).max()), float(np.abs(analytic).max()), 1e-30)
+    return float(np.abs(numerical - analytic).max()) / scale
+
+
+@pytest.fixture
+def one_thread():
+    """Thousands of calls on tiny arrays: one thread each, so a busy machine does not stall them.
+
+    The thread count does not change the arithmetic; the reference tests above run the default count.
+    """
+    previous = convgen.num_threads()
+    convgen.set_num_threads(1)
+    yield
+    convgen.set_num_threads(previous)
+
+
+def _check_numerical_gradients(op, op_backward, case, layout, specialize, transposed):
+    rng = _rng("numeric", case, layout)
+    x, w, b = case.arrays(rng, layout, np.float64, transposed)
+    kw = dict(case.kwargs(transposed), layout=layout, specialize=specialize)
+    r = rng.standard_normal(_output_shape(case, layout, transposed))
+
+    def loss():  # L = <r, y> + |y|²/2, so dL/dy = r + y
+        y = op(x, w, b, **kw)
+        return float(np.sum(r * y) + 0.5 * np.sum(y * y))
+
+    dy = r + op(x, w, b, **kw)
+    dx, dw, db = op_backward(dy, x, w, **kw)
+    for name, array, analytic in (("dx", x, dx), ("dw", w, dw), ("db", b, db)):
+        err = _relative_error(_numerical_gradient(loss, array), analytic)
+        assert err < 1e-6, f"{name}: relative error {err:.3g} against central differences"
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", NUMERIC_CONV_CASES, ids=str)
+def test_conv2d_numerical_gradients(case, layout, specialize, one_thread):
+    _check_numerical_gradients(convgen.conv2d, convgen.conv2d_backward, case, layout, specialize, False)
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", NUMERIC_TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_numerical_gradients(case, layout, specialize, one_thread):
+    _check_numerical_gradients(convgen.conv_transpose2d, convgen.conv_transpose2d_backward, case, layout,
+                               specialize, True)
+
+
+# ------------------------------------------------------------------------ the seed talk's example
+SEED_X = np.arange(1, 10, dtype=np.float64).reshape(1, 1, 3, 3)
+SEED_W = -np.arange(1, 17, dtype=np.float64).reshape(1, 1, 4, 4)
+SEED_Y = np.array([
+    [-6, -17, -20, -29, -34, -21],
+    [-18, -46, -58, -70, -86, -51],
+    [-38, -94, -106, -134, -150, -87],
+    [-54, -118, -142, -142, -170, -93],
+    [-98, -214, -238, -254, -282, -153],
+    [-70, -149, -164, -169, -186, -99],
+], dtype=np.float64)
+
+
+@VARIANTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("padding", [1, "same"])
+def test_seed_transposed_example(padding, layout, dtype, specialize):
+    """x = 1..9 (3×3), w = −1..−16 (4×4), stride 2: the 6×6 given in the seed talk, exactly.
+
+    padding="same" (TensorFlow's conv2d_transpose) resolves to 1 on every side here.
+    """
+    x, w = to_layout(SEED_X.astype(dtype), SEED_W.astype(dtype), layout)
+    y = convgen.conv_transpose2d(x, w, stride=2, padding=padding, layout=layout, specialize=specialize)
+    expected = SEED_Y[None, None] if layout == "NCHW" else SEED_Y[None, :, :, None]
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y, expected)
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seed_example_as_conv2d_input_gradient(layout, specialize):
+    """The same 6×6 is conv2d's dx for a 6×6 input, k4 s2 p1 and dy = 1..9: the transpose is the backprop."""
+    dy, w = to_layout(SEED_X, SEED_W, layout)
+    x = np.zeros((1, 1, 6, 6)) if layout == "NCHW" else np.zeros((1, 6, 6, 1))
+    dx, _, db = convgen.conv2d_backward(dy, x, w, stride=2, padding=1, layout=layout, specialize=specialize)
+    np.testing.assert_array_equal(dx, SEED_Y[None, None] if layout == "NCHW" else SEED_Y[None, :, :, None])
+    assert db.tolist() == [45.0]
+
+
+# ------------------------------------------------------------------------------- adjoint identity
+ALL_WINDOWS = FORWARD_WINDOWS + GRADIENT_WINDOWS
+
+
+def _random_case(rng, window):
+    """Random batch, channels, groups and an input size the window fits, for explicit padding."""
+    groups = int(rng.choice([1, 2, 3]))
+    depthwise = rng.random() < 0.3
+    c = groups if depthwise else groups * int(rng.integers(1, 4))
+    f = groups * int(rng.integers(1, 4))
+    sizes = []
+    for (before, after), extent in zip(window.padding, window.effective_kernel):
+        smallest = max(1, extent - before - after)
+        sizes.append(int(rng.integers(smallest, smallest + 9)))
+    return Case("random", int(rng.integers(1, 4)), c, sizes[0], sizes[1], f, window.kernel, window.stride,
+                window.padding, window.dilation, groups)
+
+
+def _check_adjoint(case, layout, specialize, output_padding):
+    rng = _rng("adjoint", case, layout)
+    x, w, _ = case.arrays(rng, layout, np.float64)
+    kw = dict(case.kwargs(), layout=layout, specialize=specialize)
+    y = rng.standard_normal(_output_shape(case, layout, transposed=False))
+    conv = convgen.conv2d(x, w, **kw)
+    transposed = convgen.conv_transpose2d(y, w, output_padding=output_padding, **kw)
+    assert transposed.shape == x.shape
+    lhs, rhs = float(np.sum(conv * y)), float(np.sum(x * transposed))
+    bound = float(np.linalg.norm(conv) * np.linalg.norm(y))  # Cauchy–Schwarz: |lhs| <= bound
+    assert abs(lhs - rhs) <= 1e-12 * bound, f"<conv2d(x, w), y> = {lhs!r} but <x, conv_transpose2d(y, w)> = {rhs!r}"
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("index", range(len(ALL_WINDOWS)), ids=lambda i: ALL_WINDOWS[i].short())
+def test_adjoint_identity(index, layout, specialize):
+    """<conv2d(x, w), y> = <x, conv_transpose2d(y, w)>, with the same weight array in both."""
+    window = ALL_WINDOWS[index]
+    case = _random_case(np.random.default_rng(1000 + index), window)
+    # The output_padding that brings the transposed output back to the input size.
+    output_padding = tuple((n + before + after - extent) % s for n, (before, after), extent, s in zip(
+        (case.h, case.w), window.padding, window.effective_kernel, window.stride))
+    _check_adjoint(case, layout, specialize, output_padding)
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", SAME_ADJOINT_CASES, ids=str)
+def test_adjoint_identity_same_padding(case, layout, specialize):
+    _check_adjoint(case, layout, specialize, output_padding=0)
+
+
+# --------------------------------------------------------------------------------- arguments
+def test_output_padding_bounds():
+    """0 <= output_padding < max(stride, dilation): up to the dilation when it exceeds the stride."""
+    x, w = np.ones((1, 2, 4, 4)), np.ones((2, 3, 3, 3))
+    assert convgen.conv_transpose2d(x, w, padding=1, dilation=2, output_padding=1).shape == (1, 3, 7, 7)
+    with pytest.raises(ValueError, match="output_padding"):
+        convgen.conv_transpose2d(x, w, padding=1, dilation=2, output_padding=2)
+    with pytest.raises(ValueError, match="output_padding"):
+        convgen.conv_transpose2d(x, w, stride=2, output_padding=(0, 2))
+    with pytest.raises(ValueError, match="output_padding"):
+        convgen.conv_transpose2d(x, w, stride=2, padding="same", output_padding=1)
+
+
+def test_every_window_is_prebuilt():
+    """Each window these tests resolve to is compiled up front with the grid, not serially on first use."""
+    prebuilt = set(ALL_WINDOWS)
+    needed = {(case.name, case.window(False)) for case in CONV_CASES + NUMERIC_CONV_CASES + SAME_ADJOINT_CASES}
+    needed |= {(case.name, case.window(True)) for case in TRANSPOSE_CASES + NUMERIC_TRANSPOSE_CASES}
+    needed |= {(case.name + " (transposed)", case.window(True)) for case in SAME_ADJOINT_CASES}
+    missing = sorted(f"{name}: {window.short()}" for name, window in needed if window not in prebuilt)
+    assert not missing, f"add these windows to tests/grid.py GRADIENT_WINDOWS: {missing}"
