@@ -1,0 +1,379 @@
+"""The kernel cache: where it lives, what its key covers, and what it refuses to load.
+
+Most tests run in a private, empty cache directory. `seed` copies a module the session has already
+built (tests/grid.py) into it, so a test can damage or move a real kernel without compiling one;
+`tiny_build` compiles a one-function cffi module through convgen.build for the cache mechanics
+that need a build but not a convolution.
+"""
+
+import dataclasses
+import os
+import shutil
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import build, cache, kernels, reference, render
+from convgen.spec import ConvSpec, Window
+
+SESSION_CACHE = Path(os.environ["CONVGEN_CACHE_DIR"])  # set by conftest before any test runs
+SPEC = ConvSpec(Window((1, 1), 1, 0), "float64", "NCHW")  # in tests/grid.py, so the session built it
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """An empty cache directory of this user, mode 0700, and no kernels loaded in this process."""
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(directory))
+    monkeypatch.setattr(kernels, "_loaded", {})
+    return directory
+
+
+def module_paths(spec, directory):
+    """The module file and digest file of `spec` (under the active settings) in `directory`."""
+    active = kernels.settings()
+    name = cache.module_name(kernels.cache_key(render.render(spec, active.schedule()), active.toolchain))
+    return directory / f"{name}{build.extension_suffix()}", directory / f"{name}.sha256"
+
+
+def seed(spec, directory):
+    """Copy the session's built module of `spec` into `directory`."""
+    for source, target in zip(module_paths(spec, SESSION_CACHE), module_paths(spec, directory)):
+        shutil.copyfile(source, target)
+    return module_paths(spec, directory)
+
+
+def load(spec):
+    """(Kernels, built) for `spec`, from disk: nothing kept from earlier loads in this process."""
+    kernels._loaded.clear()
+    return kernels._load(spec, kernels.settings())
+
+
+def check_conv(spec):
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
+    np.testing.assert_allclose(convgen.conv2d(x, w), reference.conv2d(x, w), rtol=1e-12)
+
+
+def tiny_rendered(body="int answer(void) { return 42; }", cdef="int answer(void);"):
+    schedule = kernels.settings().schedule()
+    return render.Rendered(SPEC, schedule, body, cdef, {})
+
+
+def tiny_build(calls=None, delay=0.0, rendered=None):
+    """A build function for cache.load_or_build that compiles a one-function module."""
+    def compile_it(name, build_dir):
+        if calls is not None:
+            calls.append(build_dir)
+        time.sleep(delay)
+        return build.build_module(name, rendered or tiny_rendered(), kernels.settings().toolchain, build_dir)
+    return compile_it
+
+
+# ------------------------------------------------------------------------------------- location
+def test_cache_dir_resolution(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CONVGEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "convgen"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "convgen"
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cache.cache_dir() == tmp_path / "explicit"
+
+
+def test_cache_dir_is_created_private_whatever_the_umask(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "new" / "convgen"))
+    previous = os.umask(0)  # the most permissive umask: mkdir's own mode must still make it 0700
+    try:
+        path = cache.checked_cache_dir()
+    finally:
+        os.umask(previous)
+    assert path == tmp_path / "new" / "convgen"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+
+
+# ------------------------------------------------------------------------------ refused directories
+@pytest.fixture
+def imports(monkeypatch):
+    """Every module file the cache imports, in order."""
+    seen = []
+    real = cache._import_extension
+
+    def recording(name, path):
+        seen.append(Path(path))
+        return real(name, path)
+    monkeypatch.setattr(cache, "_import_extension", recording)
+    return seen
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o720, 0o702, 0o777])
+def test_group_or_other_writable_dir_is_refused_and_nothing_loaded(private_cache, imports, mode):
+    so_path, _ = seed(SPEC, private_cache)
+    load(SPEC)  # private (0700): the planted module is what gets loaded
+    assert imports == [so_path]
+    imports.clear()
+    os.chmod(private_cache, mode)
+    try:
+        with pytest.raises(convgen.CacheError, match=rf"writable by group or others \(mode 0{mode:o}\).*chmod 700"):
+            load(SPEC)
+        with pytest.raises(convgen.CacheError):
+            check_conv(SPEC)
+    finally:
+        os.chmod(private_cache, 0o700)
+    assert imports == []
+
+
+def test_dir_owned_by_someone_else_is_refused(private_cache, imports, monkeypatch):
+    seed(SPEC, private_cache)
+    owner = private_cache.stat().st_uid
+    monkeypatch.setattr(os, "getuid", lambda: owner + 1)  # as seen by another user
+    with pytest.raises(convgen.CacheError, match=rf"owned by uid {owner}, not by this user \({owner + 1}\)"):
+        load(SPEC)
+    assert imports == []
+
+
+def test_cache_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "not-a-dir"
+    path.write_text("")
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(path))
+    with pytest.raises(convgen.CacheError, match="cannot create|not a directory"):
+        cache.checked_cache_dir()
+
+
+def test_symlink_to_a_permissive_dir_is_refused(tmp_path, monkeypatch):
+    target = tmp_path / "shared"
+    target.mkdir()
+    os.chmod(target, 0o777)
+    (tmp_path / "link").symlink_to(target)
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "link"))
+    with pytest.raises(convgen.CacheError, match="writable by group or others"):
+        cache.checked_cache_dir()
+
+
+# --------------------------------------------------------------------------------- damaged modules
+@pytest.mark.parametrize("damage", ["truncated", "garbage-with-matching-digest", "foreign-elf-with-matching-digest",
+                                    "digest-missing", "digest-wrong"])
+def test_damaged_module_is_rebuilt_with_a_warning(private_cache, imports, damage):
+    so_path, digest_path = seed(SPEC, private_cache)
+    data = so_path.read_bytes()
+    if damage == "truncated":
+        so_path.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage-with-matching-digest":
+        so_path.write_bytes(b"\x7fELF" + bytes(range(256)) * 16)
+        digest_path.write_text(cache._file_digest(so_path))
+    elif damage == "foreign-elf-with-matching-digest":
+        # An ELF header for another machine (e_machine = 0xB7, AArch64): what a cache copied from
+        # another architecture would hold. The loader refuses it; convgen must rebuild, not crash.
+        so_path.write_bytes(data[:18] + (0xB7).to_bytes(2, "little") + data[20:])
+        digest_path.write_text(cache._file_digest(so_path))
+    elif damage == "digest-missing":
+        digest_path.unlink()
+    else:
+        digest_path.write_text("0" * 64)
+    with pytest.warns(RuntimeWarning, match=rf"rebuilding the damaged cached kernel module {so_path.name}"):
+        _, built = load(SPEC)
+    assert built
+    assert cache._file_digest(so_path) == digest_path.read_text().strip()
+    check_conv(SPEC)
+    _, built_again = load(SPEC)  # now intact: loaded, not rebuilt
+    assert not built_again
+
+
+def test_module_built_but_unloadable_is_a_build_error(private_cache):
+    def bad_build(name, build_dir):
+        path = build_dir / f"{name}{build.extension_suffix()}"
+        path.write_bytes(b"not a shared object")
+        return path
+    with pytest.raises(convgen.BuildError, match="was built but cannot be loaded"):
+        cache.load_or_build("ab" * 32, bad_build)
+
+
+# ------------------------------------------------------------------------------------ the key
+def _key_inputs():
+    active = kernels.settings()
+    return render.render(SPEC, active.schedule()), active.toolchain
+
+
+KEY_CHANGES = {
+    "source": lambda r, t, mp: (dataclasses.replace(r, source=r.source + "\n/* edited */\n"), t),
+    "cdef": lambda r, t, mp: (dataclasses.replace(r, cdef=r.cdef + "\n"), t),
+    "compiler path": lambda r, t, mp: (r, dataclasses.replace(t, compiler="/opt/other/gcc")),
+    "compiler version": lambda r, t, mp: (r, dataclasses.replace(t, version=t.version + " (patched)")),
+    "flags": lambda r, t, mp: (r, dataclasses.replace(t, cflags=t.cflags + ("-ffast-math",))),
+    "schedule": lambda r, t, mp: (dataclasses.replace(r, schedule=dataclasses.replace(r.schedule, kc=r.schedule.kc + 8)), t),
+    "isa": lambda r, t, mp: (dataclasses.replace(r, schedule=dataclasses.replace(r.schedule, isa="other")), t),
+    "convgen version": lambda r, t, mp: (mp.setattr(kernels, "__version__", "999.0"), (r, t))[1],
+    "python abi": lambda r, t, mp: (mp.setattr(sys.implementation, "cache_tag", "cpython-399"), (r, t))[1],
+    "cffi version": lambda r, t, mp: (mp.setattr(build.cffi, "__version__", "0.0.1"), (r, t))[1],
+    "platform": lambda r, t, mp: (mp.setattr(kernels.platform, "machine", lambda: "riscv64"), (r, t))[1],
+}
+
+
+@pytest.mark.parametrize("change", list(KEY_CHANGES))
+def test_key_changes_with_everything_that_changes_the_binary(change, monkeypatch):
+    rendered, toolchain = _key_inputs()
+    before = kernels.cache_key(rendered, toolchain)
+    assert kernels.cache_key(rendered, toolchain) == before  # deterministic
+    changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
+    assert kernels.cache_key(changed_rendered, changed_toolchain) != before
+
+
+def test_compiler_identity_covers_what_native_means_here():
+    """Two machines of one ISA family can differ in what -march=native enables; the key must too."""
+    version = build.compiler_version(kernels.settings().toolchain.compiler)
+    assert "[native " in version and len(version.split("[native ")[1].rstrip("]")) == 16
+
+
+def test_key_parts_cannot_run_together():
+    """("ab", "c") and ("a", "bc") are different inputs and must give different keys."""
+    assert cache.module_key("ab", "c") != cache.module_key("a", "bc")
+    assert cache.module_key("a", "") != cache.module_key("a")
+
+
+def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path, monkeypatch):
+    """Copy the templates, add a function to the copy, and load SPEC again: the module must be a new
+    build that has the function (an old binary could not)."""
+    seed(SPEC, private_cache)
+    original, built = load(SPEC)
+    assert not built
+    edited = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATE_DIR, edited)
+    with open(edited / "conv.c.j2", "a") as source:
+        source.write("\nint cg_template_edit_probe(void) { return 20240611; }\n")
+    with open(edited / "conv.cdef.j2", "a") as cdef:
+        cdef.write("\nint cg_template_edit_probe(void);\n")
+    monkeypatch.setattr(render, "TEMPLATE_DIR", edited)
+    render._environment.cache_clear()
+    try:
+        fresh, built = load(SPEC)
+        assert built
+        assert fresh.lib.cg_template_edit_probe() == 20240611
+        assert not hasattr(original.lib, "cg_template_edit_probe")
+        check_conv(SPEC)
+    finally:
+        render._environment.cache_clear()
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
+
+
+# ------------------------------------------------------------------------------- publication
+def test_build_happens_in_a_private_temp_dir_and_publishes_atomically(private_cache):
+    calls = []
+    key = "cd" * 32
+    final = private_cache / f"{cache.module_name(key)}{build.extension_suffix()}"
+
+    def watched_build(name, build_dir):
+        calls.append(build_dir)
+        assert build_dir.parent == private_cache and build_dir != private_cache
+        assert stat.S_IMODE(build_dir.stat().st_mode) == 0o700
+        assert not final.exists(), "the module is visible before its build finished"
+        return tiny_build()(name, build_dir)
+
+    module, built = cache.load_or_build(key, watched_build)
+    assert built and module.lib.answer() == 42
+    assert final.exists() and not calls[0].exists(), "the temporary build dir is left behind"
+    assert cache.load_or_build(key, watched_build)[1] is False and len(calls) == 1
+
+
+def test_failed_build_leaves_nothing_behind(private_cache):
+    rendered = tiny_rendered(body="int answer(void) { return }")
+    with pytest.raises(convgen.BuildError):
+        cache.load_or_build("ef" * 32, tiny_build(rendered=rendered))
+    leftovers = [p.name for p in private_cache.iterdir() if not p.name.endswith(".lock")]
+    assert leftovers == []
+
+
+def test_threads_asking_for_one_new_module_build_it_once(private_cache):
+    calls, results, errors = [], [], []
+    builder = tiny_build(calls, delay=0.3)
+
+    def worker():
+        try:
+            results.append(cache.load_or_build("01" * 32, builder))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(calls) == 1
+    assert sorted(built for _, built in results) == [False, False, False, True]
+    assert all(module.lib.answer() == 42 for module, _ in results)
+
+
+# --------------------------------------------------------------------------------- info and clear
+def test_cache_info_and_clear(private_cache):
+    assert convgen.cache_info() == {"dir": str(private_cache), "modules": 0, "bytes": 0}
+    seeded = [seed(SPEC, private_cache)[0], seed(ConvSpec(None, "float64", "NCHW"), private_cache)[0]]
+    (private_cache / f"{cache.MODULE_PREFIX}stale.x.build").mkdir()  # left by a killed build
+    info = convgen.cache_info()
+    assert info == {"dir": str(private_cache), "modules": 2, "bytes": sum(p.stat().st_size for p in seeded)}
+    assert convgen.cache_clear() == 2
+    assert list(private_cache.iterdir()) == []
+    assert convgen.cache_info()["modules"] == 0
+    check_conv(SPEC)  # works again after a clear: the kernel is rebuilt
+    assert convgen.cache_info()["modules"] == 1
+
+
+def test_cache_info_of_a_missing_dir_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "absent"))
+    assert convgen.cache_info() == {"dir": str(tmp_path / "absent"), "modules": 0, "bytes": 0}
+    assert convgen.cache_clear() == 0
+    assert not (tmp_path / "absent").exists()
+
+
+# --------------------------------------------------------------------------- compilers and errors
+def test_no_compiler_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no cc, gcc or clang
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(kernels, "_settings", None)
+    with pytest.raises(convgen.BuildError, match=r"no C compiler found.*apt-get install gcc.*set CC"):
+        convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
+
+
+def test_cc_naming_a_missing_compiler_is_reported(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/bin/cc-42 -O2")
+    monkeypatch.setattr(kernels, "_settings", None)
+    with pytest.raises(convgen.BuildError, match=r"CC='/nonexistent/bin/cc-42 -O2' names no compiler.*install gcc"):
+        convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
+
+
+def test_compiler_rejecting_a_flag_shows_its_own_message(private_cache):
+    with convgen.configure(cflags=("-fconvgen-no-such-option",)):
+        with pytest.raises(convgen.BuildError) as error:
+            convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
+    message = str(error.value)
+    assert "failed (exit 1)" in message and "-fconvgen-no-such-option" in message
+    assert "unrecognized command-line option" in message or "unknown argument" in message  # gcc / clang
+
+
+def test_compile_error_shows_the_compiler_message_with_the_line(private_cache):
+    rendered = tiny_rendered(body="int answer(void)\n{\n    return undeclared_name;\n}\n")
+    with pytest.raises(convgen.BuildError, match=r"(?s)failed \(exit 1\).*undeclared_name.*undeclared"):
+        cache.load_or_build("23" * 32, tiny_build(rendered=rendered))
+
+
+def test_unreadable_declarations_are_a_build_error(private_cache):
+    rendered = tiny_rendered(cdef="int answer(void")
+    with pytest.raises(convgen.BuildError, match="cffi cannot read the declarations"):
+        cache.load_or_build("45" * 32, tiny_build(rendered=rendered))
+
+
+def test_sanitizer_builds_need_the_runtime_preloaded():
+    """Loading an ASan module into a process without the runtime would end the interpreter; with the
+    runtime preloaded (as `make sanitize` runs these tests) it is allowed."""
+    if "libasan" in Path("/proc/self/maps").read_text():
+        build.check_sanitizer_runtime(("-O1", "-fsanitize=address,undefined"))
+    else:
+        with pytest.raises(convgen.BuildError, match=r"LD_PRELOAD=.*libasan"):
+            build.check_sanitizer_runtime(("-O1", "-fsanitize=address,undefined"))
+    build.check_sanitizer_runtime(("-O1", "-fsanitize=undefined"))  # UBSan alone needs no preload
