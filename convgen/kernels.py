@@ -22,9 +22,13 @@ from .schedule import Schedule, get_schedule
 from .spec import ConvSpec
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Settings:
-    """What every kernel is built with: the toolchain, the ISA and any schedule overrides."""
+    """What every kernel is built with: the toolchain, the ISA and any schedule overrides.
+
+    Compared by identity (eq=False): it keys the loaded modules and the ops' call plans, and hashing
+    by identity keeps that lookup cheap on every call.
+    """
 
     toolchain: Toolchain
     isa: str | None = None

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .kernels import get_kernels, num_threads
+from .kernels import get_kernels, num_threads, settings
 from .spec import ConvSpec, Window, as_pair
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -52,16 +52,70 @@ class _Call:
             self.args += (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw)
         self.args += (num_threads(),)
 
-    def ptr(self, array):
-        return self.kernels.ffi.from_buffer(self.kernels.c_type + "[]", array, require_writable=False)
-
     def run(self, entry, *arrays):
-        status = entry(*[self.ptr(a) if a is not None else self.kernels.ffi.NULL for a in arrays], *self.args)
+        from_buffer, c_array, null = self.kernels.ffi.from_buffer, self.kernels.c_type + "[]", self.kernels.ffi.NULL
+        status = entry(*[null if a is None else from_buffer(c_array, a, False) for a in arrays], *self.args)
         if status != 0:
             raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
 
     def workspace_bytes(self, op: int) -> int:
         return int(self.kernels.workspace(op, *self.args))
+
+
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_PLANS: dict = {}  # call signature -> _Plan, for calls that were validated once already
+_PLANS_MAX = 1024
+
+
+class _Plan:
+    """Everything one op needs for a call signature that passed validation: the kernel's spec and
+    sizes, the dtype and the result shapes. Repeated calls with the same shapes and parameters (a
+    training loop) skip straight to the kernel. `spec` is None when there is nothing to compute."""
+
+    __slots__ = ("spec", "geometry", "dtype", "shapes", "layout", "workspace_op", "weight", "what", "_call")
+
+    def __init__(self, spec, geometry, dtype, shapes, layout, workspace_op, weight, what):
+        self.spec, self.geometry, self.dtype, self.shapes, self.layout = spec, geometry, dtype, shapes, layout
+        self.workspace_op, self.weight, self.what = workspace_op, (weight.shape, weight.nbytes), what
+        self._call = None
+
+    def call(self) -> "_Call":
+        """The kernel call, loading the kernels (and checking their workspace) on first use."""
+        if self._call is None:
+            call = _Call(self.spec, *self.geometry)
+            _check_workspace(call, self.workspace_op, self.weight, self.what)
+            self._call = call
+        return self._call
+
+
+def _plan_key(op, arrays, *params):
+    """A hashable signature of a call whose arrays need no conversion, else None.
+
+    Arrays must be exact, C-contiguous ndarrays of one native float dtype (what validation would
+    leave untouched); parameters enter through `_key`, so 2.0 or True never match 2 or 1. The
+    active settings and thread count are part of the key since the kernels depend on them.
+    """
+    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
+    if dtype is not _NATIVE_FLOATS[0] and dtype is not _NATIVE_FLOATS[1]:
+        return None
+    for array in arrays:
+        if array is not None and (type(array) is not np.ndarray or array.dtype is not dtype
+                                  or not array.flags.c_contiguous):
+            return None
+    try:
+        return (op, dtype, tuple([None if a is None else a.shape for a in arrays]),
+                tuple([p if type(p) is int or type(p) is str else _key(p) for p in params]),
+                settings(), num_threads())
+    except TypeError:  # unhashable parameters: validation will say what is wrong with them
+        return None
+
+
+def _remember(key, plan):
+    if key is not None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 # ---------------------------------------------------------------------------------------- arrays
@@ -152,11 +206,12 @@ def _checked_out(name, out, shape, dtype, inputs):
 
 def _check_workspace(call, op, weight, what):
     """Refuse a call whose C workspace (about threads × the weights at most) this machine cannot hold."""
-    if weight.nbytes * num_threads() < _WORKSPACE_QUERY_BYTES:
+    weight_shape, weight_bytes = weight
+    if weight_bytes * num_threads() < _WORKSPACE_QUERY_BYTES:
         return
     needed = call.workspace_bytes(op)
     if needed > _MEMORY_BYTES:
-        raise ValueError(f"{what} would need a workspace of {needed} bytes for these weights {weight.shape}, "
+        raise ValueError(f"{what} would need a workspace of {needed} bytes for these weights {weight_shape}, "
                          f"more than this machine's memory ({_MEMORY_BYTES} bytes); use fewer threads")
 
 
@@ -287,6 +342,21 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
 
     Returns y: (N, F, Ho, Wo) or (N, Ho, Wo, F), with Ho = (H + top + bottom − dh·(KH − 1) − 1)//sh + 1.
     """
+    key = _plan_key("conv2d", (x, w, bias), stride, padding, dilation, groups, layout, specialize)
+    plan = _PLANS.get(key)
+    if plan is None:
+        x, w, bias, plan = _plan_conv2d(key, x, w, bias, stride, padding, dilation, groups, layout, specialize)
+    y = _checked_out("out", out, plan.shapes[0], plan.dtype, (x, w, bias))
+    if plan.spec is not None:
+        call = plan.call()
+        call.run(call.kernels.fwd, x, w, bias, y)
+    elif y.size:  # no input values (C or H·W is 0): every output is the bias alone
+        _fill_bias(y, bias, plan.layout)
+    return y
+
+
+def _plan_conv2d(key, x, w, bias, stride, padding, dilation, groups, layout, specialize):
+    """Validate a conv2d call; return its arrays (converted if needed) and its plan."""
     layout = _check_layout(layout)
     dtype = _common_dtype(x=x, w=w, bias=bias)
     x = _as_c_array("x", x, dtype, 4)
@@ -298,14 +368,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         bias = _as_c_array("bias", bias, dtype, 1)
         if bias.shape != (f,):
             raise ValueError(f"bias must have shape ({f},) (one per output channel), got {bias.shape}")
-    y = _checked_out("out", out, _image_shape(n, f, ho, wo, layout), dtype, (x, w, bias))
-    if y.size and x.size:
-        call = _Call(spec, *geometry)
-        _check_workspace(call, _FORWARD, w, "conv2d")
-        call.run(call.kernels.fwd, x, w, bias, y)
-    elif y.size:  # no input values (C or H·W is 0): every output is the bias alone
-        _fill_bias(y, bias, layout)
-    return y
+    y_shape = _image_shape(n, f, ho, wo, layout)
+    _check_new_array("the result", y_shape, dtype)
+    work = spec if math.prod(y_shape) and x.size else None
+    return x, w, bias, _remember(key, _Plan(work, geometry, dtype, (y_shape,), layout, _FORWARD, w, "conv2d"))
 
 
 def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
@@ -316,6 +382,25 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     bias (F,). `out` may be a (dx, dw, db) tuple of preallocated arrays (any of them None).
     dW = dY·im2col(X)ᵀ, dX = col2im(Wᵀ·dY), db = dY summed over batch and space.
     """
+    key = _plan_key("conv2d_backward", (dy, x, w), stride, padding, dilation, groups, layout, specialize)
+    plan = _PLANS.get(key)
+    if plan is None:
+        dy, x, w, plan = _plan_conv2d_backward(key, dy, x, w, stride, padding, dilation, groups, layout, specialize)
+    dx, dw, db = _checked_outs(out, plan, (dy, x, w))
+    if plan.spec is not None:
+        call = plan.call()
+        if dx.size:
+            call.run(call.kernels.bwd_data, dy, w, dx)
+        call.run(call.kernels.bwd_weight, dy, x, dw)
+    else:  # nothing to multiply: dx and dw are empty sums
+        dx.fill(0)
+        dw.fill(0)
+    np.sum(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
+    return dx, dw, db
+
+
+def _plan_conv2d_backward(key, dy, x, w, stride, padding, dilation, groups, layout, specialize):
+    """Validate a conv2d_backward call; return its arrays (converted if needed) and its plan."""
     layout = _check_layout(layout)
     dtype = _common_dtype(dy=dy, x=x, w=w)
     dy = _as_c_array("dy", dy, dtype, 4)
@@ -327,22 +412,18 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     expected = _image_shape(n, f, ho, wo, layout)
     if dy.shape != expected:
         raise ValueError(f"dy must have shape {expected} (the output of conv2d), got {dy.shape}")
+    work = spec if dy.size and x.size else None
+    return dy, x, w, _remember(key, _Plan(work, geometry, dtype, (x.shape, w.shape, (f,)), layout, _BACKWARD_WEIGHT,
+                                          w, "conv2d_backward"))
+
+
+def _checked_outs(out, plan, inputs):
+    """(dx, dw, db): the caller's arrays from `out`, checked, or new ones."""
     out_dx, out_dw, out_db = _split_out(out)
-    inputs = (dy, x, w)
-    dx = _checked_out("out[0] (dx)", out_dx, x.shape, dtype, inputs)
-    dw = _checked_out("out[1] (dw)", out_dw, w.shape, dtype, inputs)
-    db = _checked_out("out[2] (db)", out_db, (f,), dtype, inputs)
-    if dy.size and x.size:
-        call = _Call(spec, *geometry)
-        _check_workspace(call, _BACKWARD_WEIGHT, w, "conv2d_backward")
-        if dx.size:
-            call.run(call.kernels.bwd_data, dy, w, dx)
-        call.run(call.kernels.bwd_weight, dy, x, dw)
-    else:  # nothing to multiply: dx and dw are empty sums
-        dx.fill(0)
-        dw.fill(0)
-    np.sum(dy, axis=_SPATIAL_AXES[layout], out=db)
-    return dx, dw, db
+    dx_shape, dw_shape, db_shape = plan.shapes
+    return (_checked_out("out[0] (dx)", out_dx, dx_shape, plan.dtype, inputs),
+            _checked_out("out[1] (dw)", out_dw, dw_shape, plan.dtype, inputs),
+            _checked_out("out[2] (db)", out_db, db_shape, plan.dtype, inputs))
 
 
 def _split_out(out):
@@ -402,6 +483,25 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     Returns y with Ho = (H − 1)·sh − top − bottom + dh·(KH − 1) + oph + 1. Computed as col2im of Wᵀ·x,
     never by convolving a zero-stuffed input.
     """
+    key = _plan_key("conv_transpose2d", (x, w, bias), stride, padding, output_padding, dilation, groups, layout,
+                    specialize)
+    plan = _PLANS.get(key)
+    if plan is None:
+        x, w, bias, plan = _plan_conv_transpose2d(key, x, w, bias, stride, padding, output_padding, dilation,
+                                                  groups, layout, specialize)
+    y = _checked_out("out", out, plan.shapes[0], plan.dtype, (x, w, bias))
+    if plan.spec is not None:
+        call = plan.call()
+        call.run(call.kernels.bwd_data, x, w, y)
+        if bias is not None:
+            y += bias.reshape((-1, 1, 1) if plan.layout == "NCHW" else (-1,))
+    elif y.size:  # no input values: every output is the bias alone
+        _fill_bias(y, bias, plan.layout)
+    return y
+
+
+def _plan_conv_transpose2d(key, x, w, bias, stride, padding, output_padding, dilation, groups, layout, specialize):
+    """Validate a conv_transpose2d call; return its arrays (converted if needed) and its plan."""
     layout = _check_layout(layout)
     dtype = _common_dtype(x=x, w=w, bias=bias)
     x = _as_c_array("x", x, dtype, 4)
@@ -413,16 +513,11 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
         bias = _as_c_array("bias", bias, dtype, 1)
         if bias.shape != (c_out,):
             raise ValueError(f"bias must have shape ({c_out},) (one per output channel), got {bias.shape}")
-    y = _checked_out("out", out, _image_shape(n, c_out, ho, wo, layout), dtype, (x, w, bias))
-    if y.size and x.size:
-        call = _Call(spec, *geometry)
-        _check_workspace(call, _BACKWARD_DATA, w, "conv_transpose2d")
-        call.run(call.kernels.bwd_data, x, w, y)
-        if bias is not None:
-            y += bias.reshape((-1, 1, 1) if layout == "NCHW" else (-1,))
-    elif y.size:  # no input values: every output is the bias alone
-        _fill_bias(y, bias, layout)
-    return y
+    y_shape = _image_shape(n, c_out, ho, wo, layout)
+    _check_new_array("the result", y_shape, dtype)
+    work = spec if math.prod(y_shape) and x.size else None
+    return x, w, bias, _remember(key, _Plan(work, geometry, dtype, (y_shape,), layout, _BACKWARD_DATA, w,
+                                            "conv_transpose2d"))
 
 
 def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
@@ -433,6 +528,28 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     bias (C_out,): dx is conv2d(dy, w), dw is conv2d's weight gradient with the roles of x and dy
     exchanged, db is dy summed over batch and space.
     """
+    key = _plan_key("conv_transpose2d_backward", (dy, x, w), stride, padding, output_padding, dilation, groups,
+                    layout, specialize)
+    plan = _PLANS.get(key)
+    if plan is None:
+        dy, x, w, plan = _plan_conv_transpose2d_backward(key, dy, x, w, stride, padding, output_padding, dilation,
+                                                         groups, layout, specialize)
+    dx, dw, db = _checked_outs(out, plan, (dy, x, w))
+    # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged.
+    if plan.spec is not None:
+        call = plan.call()
+        call.run(call.kernels.fwd, dy, w, None, dx)
+        call.run(call.kernels.bwd_weight, x, dy, dw)
+    else:  # nothing to multiply: dx and dw are empty sums
+        dx.fill(0)
+        dw.fill(0)
+    np.sum(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
+    return dx, dw, db
+
+
+def _plan_conv_transpose2d_backward(key, dy, x, w, stride, padding, output_padding, dilation, groups, layout,
+                                    specialize):
+    """Validate a conv_transpose2d_backward call; return its arrays (converted if needed) and its plan."""
     layout = _check_layout(layout)
     dtype = _common_dtype(dy=dy, x=x, w=w)
     dy = _as_c_array("dy", dy, dtype, 4)
@@ -444,19 +561,6 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     expected = _image_shape(n, c_out, ho, wo, layout)
     if dy.shape != expected:
         raise ValueError(f"dy must have shape {expected} (the output of conv_transpose2d), got {dy.shape}")
-    out_dx, out_dw, out_db = _split_out(out)
-    inputs = (dy, x, w)
-    dx = _checked_out("out[0] (dx)", out_dx, x.shape, dtype, inputs)
-    dw = _checked_out("out[1] (dw)", out_dw, w.shape, dtype, inputs)
-    db = _checked_out("out[2] (db)", out_db, (c_out,), dtype, inputs)
-    # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged.
-    if dy.size and x.size:
-        call = _Call(spec, *geometry)
-        _check_workspace(call, _BACKWARD_WEIGHT, w, "conv_transpose2d_backward")
-        call.run(call.kernels.fwd, dy, w, None, dx)
-        call.run(call.kernels.bwd_weight, x, dy, dw)
-    else:  # nothing to multiply: dx and dw are empty sums
-        dx.fill(0)
-        dw.fill(0)
-    np.sum(dy, axis=_SPATIAL_AXES[layout], out=db)
-    return dx, dw, db
+    work = spec if dy.size and x.size else None
+    return dy, x, w, _remember(key, _Plan(work, geometry, dtype, (x.shape, w.shape, (c_out,)), layout,
+                                          _BACKWARD_WEIGHT, w, "conv_transpose2d_backward"))
