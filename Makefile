@@ -45,6 +45,12 @@ $(BENCH_INSTALLED): $(INSTALLED) pyproject.toml
 bench: $(BENCH_INSTALLED)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+# The op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (own cache
+# dir, sanitizer runtimes preloaded); any report fails. CI runs a subset: make sanitize SANITIZE_ARGS=--quick
+SANITIZE_ARGS ?=
+sanitize: $(INSTALLED)
+	$(PY) tests/sanitize/run.py $(SANITIZE_ARGS)
+
 clean:
 	rm -rf $(VENV) generated build *.egg-info .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -71,15 +71,22 @@ def find_compiler() -> str:
     raise BuildError(f"no C compiler found on PATH ({', '.join(dict.fromkeys(candidates))} tried): {INSTALL_HINT}")
 
 
+def _compiler_env() -> dict:
+    """The environment the compiler runs in: this one, minus a preloaded sanitizer runtime (which
+    `make sanitize` gives the Python process, and which the compiler itself has no use for)."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_version(compiler: str) -> str:
     """The compiler's identity as far as its output is concerned: its version line, and a digest of
     the macros it predefines under -march=native (two machines of one ISA family can differ there,
     and a binary built for the richer one would die of an illegal instruction on the other)."""
     try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60,
+                             env=_compiler_env())
         native = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull],
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60, env=_compiler_env())
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"cannot run the C compiler {compiler}: {exc}") from exc
     lines = (out.stdout or out.stderr).strip().splitlines()
@@ -142,7 +149,7 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     write_wrapper(module_name, rendered, c_path)
     command = compile_command(toolchain, rendered, c_path, so_path)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_compiler_env())
     except OSError as exc:
         raise BuildError(f"cannot run the C compiler {toolchain.compiler}: {exc}; {INSTALL_HINT}") from exc
     except subprocess.TimeoutExpired as exc:

@@ -7,7 +7,8 @@ generic calls draw any window (kernel 1-5, stride 1-3, per-side padding 0-3, dil
 any padding form ("same" and "valid" included), since one generic module serves them all.
 
 Examples are derandomized so `make test` is reproducible; CONVGEN_HYPOTHESIS=explore runs many
-more, randomly, to look for new failures.
+more, randomly, to look for new failures. CONVGEN_PROPERTY_WINDOWS="k3s2p1 k1" narrows the
+specialized windows (the quick sanitizer run builds only those).
 """
 
 import os
@@ -29,7 +30,10 @@ settings.register_profile("explore", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 PROFILE = os.environ.get("CONVGEN_HYPOTHESIS", "ci")
 
-PREBUILT = sorted(set(FORWARD_WINDOWS + GRADIENT_WINDOWS), key=Window.short)
+if os.environ.get("CONVGEN_PROPERTY_WINDOWS"):
+    PREBUILT = [Window.parse(text) for text in os.environ["CONVGEN_PROPERTY_WINDOWS"].split()]
+else:
+    PREBUILT = sorted(set(FORWARD_WINDOWS + GRADIENT_WINDOWS), key=Window.short)
 
 
 @st.composite

@@ -1,0 +1,123 @@
+"""Run the op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer.
+
+    python tests/sanitize/run.py           # `make sanitize`: the op tests, every grid kernel
+    python tests/sanitize/run.py --quick   # `.ci/run`: validation and property tests on a few kernels
+    python tests/sanitize/run.py -- -k hand_checked tests/test_conv2d.py   # any pytest arguments
+
+The kernels are compiled with -fsanitize=address,undefined into their own cache directory
+(.cache/sanitize-kernels), and pytest runs in a Python that preloads the sanitizer runtimes (an
+instrumented module cannot be loaded otherwise). Any report ends the run with a non-zero exit:
+ASan stops at its first error and UBSan is made fatal with -fno-sanitize-recover=all; pytest
+captures only Python-level output (--capture=sys), so a report written to file descriptor 2 by a
+dying process reaches the run's output, which is also scanned for reports (one printed by a child
+process and passed on by a test counts as well).
+Leak detection is off: CPython keeps its interned objects until exit, by design.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "sanitize-kernels"
+CFLAGS = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+
+# The op tests are every test file except these, which run no kernel of their own (the reference,
+# rendering, the command line and README through subprocesses, benchmarks, the long digits example).
+NOT_OP_TESTS = {"test_reference.py", "test_render.py", "test_cli.py", "test_readme.py", "test_baselines.py",
+                "test_example.py", "test_sanitize.py"}
+
+
+def op_tests() -> list[str]:
+    return [f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py")) if p.name not in NOT_OP_TESTS]
+
+
+# The CI subset: every bad-input and unusual-array case, and the property tests with specialized
+# windows narrowed to k3s2p1, so that only nine kernels are built (k3s2p1, k1 and generic).
+QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py"]
+QUICK_WINDOWS = "k3s2p1"
+QUICK_SPECS = [("k3s2p1", dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")] + \
+    [("generic", dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")] + \
+    [("k1", "float64", "NCHW")]
+
+REPORT = re.compile(r"ERROR: AddressSanitizer|SUMMARY: (?:Address|UndefinedBehavior)Sanitizer|"
+                    r"^.*: runtime error: ", re.MULTILINE)
+
+
+def runtime_library(name: str, compiler: str = "gcc") -> str:
+    """The compiler's shared sanitizer runtime, e.g. /usr/lib/gcc/x86_64-linux-gnu/12/libasan.so."""
+    path = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    if not os.path.isabs(path) or not os.path.exists(path):
+        raise SystemExit(f"sanitize: {compiler} has no {name}; install its sanitizer runtimes "
+                         f"(Debian/Ubuntu: apt-get install libasan8 libubsan1, or gcc itself)")
+    return os.path.realpath(path)
+
+
+def sanitizer_env(cache: Path = CACHE, base: dict | None = None) -> dict:
+    """The environment of a Python process that builds and loads sanitized kernels."""
+    env = dict(os.environ if base is None else base)
+    compiler = env.get("CC", "gcc").split()[0]
+    env.update(
+        LD_PRELOAD=" ".join([runtime_library("libasan.so", compiler), runtime_library("libubsan.so", compiler)]),
+        ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=87",
+        CONVGEN_CFLAGS=CFLAGS,
+        CONVGEN_CACHE_DIR=str(cache),
+        PYTHONMALLOC="malloc",  # every Python allocation through ASan's allocator, with red zones
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")])),
+    )
+    return env
+
+
+def reports(output: str) -> list[str]:
+    """The sanitizer report lines in `output`."""
+    return [m.group(0).strip() for m in REPORT.finditer(output)]
+
+
+# Build the quick set in parallel first (without the test conftest there is no prebuild).
+_QUICK_PREBUILD = """
+import sys, convgen
+from convgen.spec import ConvSpec
+specs = [ConvSpec.parse(w, d, l) for w, d, l in {specs!r}]
+failed = {{s: o for s, o in convgen.build_all(specs).items() if isinstance(o, Exception)}}
+sys.exit(f"sanitize: kernel builds failed: {{failed}}" if failed else 0)
+"""
+
+
+def run(command: list[str], env: dict) -> tuple[int, str]:
+    """Run `command`, echoing its output as it comes; return its exit code and output."""
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, errors="replace")
+    lines = []
+    for line in process.stdout:
+        sys.stdout.write(line)
+        lines.append(line)
+    return process.wait(), "".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    CACHE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(CACHE.parent, 0o700)
+    os.chmod(CACHE, 0o700)
+    env = sanitizer_env()
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys"]
+    code, output = 0, ""
+    if quick:
+        env["CONVGEN_PROPERTY_WINDOWS"] = QUICK_WINDOWS
+        code, output = run([sys.executable, "-c", _QUICK_PREBUILD.format(specs=QUICK_SPECS)], env)
+    if code == 0:
+        code, output = run(pytest + (extra or (QUICK if quick else op_tests())), env)
+    found = reports(output)
+    print(f"sanitize: {len(found)} sanitizer report(s); exit code {code}")
+    return 1 if found or code else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
