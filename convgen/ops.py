@@ -40,7 +40,8 @@ _SPATIAL_AXES = {"NCHW": (0, 2, 3), "NHWC": (0, 1, 2)}  # batch and space: what 
 class _Call:
     """The sizes of one convolution as the kernels see them (the forward direction, x → y)."""
 
-    __slots__ = ("kernels", "spec", "window", "n", "c", "h", "w", "f", "ho", "wo", "groups", "args")
+    __slots__ = ("kernels", "spec", "window", "n", "c", "h", "w", "f", "ho", "wo", "groups", "args",
+                 "_from_buffer", "_c_array", "_null")
 
     def __init__(self, spec: ConvSpec, window: Window, n, c, h, w, f, ho, wo, groups):
         self.spec, self.window = spec, window
@@ -51,10 +52,11 @@ class _Call:
             (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
             self.args += (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw)
         self.args += (num_threads(),)
+        self._from_buffer, self._c_array, self._null = self.kernels.ffi.from_buffer, spec.c_type + "[]", self.kernels.ffi.NULL
 
     def run(self, entry, *arrays):
-        from_buffer, c_array, null = self.kernels.ffi.from_buffer, self.kernels.c_type + "[]", self.kernels.ffi.NULL
-        status = entry(*[null if a is None else from_buffer(c_array, a, False) for a in arrays], *self.args)
+        from_buffer, c_array = self._from_buffer, self._c_array
+        status = entry(*[self._null if a is None else from_buffer(c_array, a, False) for a in arrays], *self.args)
         if status != 0:
             raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
 
@@ -62,7 +64,6 @@ class _Call:
         return int(self.kernels.workspace(op, *self.args))
 
 
-_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _PLANS: dict = {}  # call signature -> _Plan, for calls that were validated once already
 _PLANS_MAX = 1024
 
@@ -95,12 +96,14 @@ def _plan_key(op, arrays, *params):
     leave untouched); parameters enter through `_key`, so 2.0 or True never match 2 or 1. The
     active settings and thread count are part of the key since the kernels depend on them.
     """
-    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
-    if dtype is not _NATIVE_FLOATS[0] and dtype is not _NATIVE_FLOATS[1]:
+    if type(arrays[0]) is not np.ndarray:
         return None
+    dtype = arrays[0].dtype
+    if dtype is not _FLOAT_DTYPES[0] and dtype is not _FLOAT_DTYPES[1] and dtype not in _FLOAT_DTYPES:
+        return None  # (`in` compares byte order too: a big-endian float32 is not in it)
     for array in arrays:
-        if array is not None and (type(array) is not np.ndarray or array.dtype is not dtype
-                                  or not array.flags.c_contiguous):
+        if array is not None and (type(array) is not np.ndarray or not array.flags.c_contiguous
+                                  or (array.dtype is not dtype and array.dtype != dtype)):
             return None
     try:
         return (op, dtype, tuple([None if a is None else a.shape for a in arrays]),
@@ -149,7 +152,7 @@ def _common_dtype(**arrays) -> np.dtype:
             continue
         if dtype.kind != "f" or dtype.itemsize not in (4, 8):
             raise TypeError(f"{name} must have dtype float32 or float64, got {dtype}")
-        found[name] = dtype.newbyteorder("=")
+        found[name] = _FLOAT_DTYPES[0] if dtype.itemsize == 4 else _FLOAT_DTYPES[1]  # native order
     kinds = set(found.values())
     if len(kinds) > 1:
         detail = ", ".join(f"{n} is {d}" for n, d in found.items())
@@ -395,7 +398,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     else:  # nothing to multiply: dx and dw are empty sums
         dx.fill(0)
         dw.fill(0)
-    np.sum(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
+    np.add.reduce(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
     return dx, dw, db
 
 
@@ -543,7 +546,7 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     else:  # nothing to multiply: dx and dw are empty sums
         dx.fill(0)
         dw.fill(0)
-    np.sum(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
+    np.add.reduce(dy, axis=_SPATIAL_AXES[plan.layout], out=db)
     return dx, dw, db
 
 

@@ -1,0 +1,85 @@
+"""Per-call overhead on the Python side: a tiny convolution through the public op, minus the same
+kernel called directly through cffi with prepared pointers (the C work and the cffi call itself).
+
+    python bench/overhead.py [--repeat 7] [--out bench/results/overhead.md]
+
+Issue target: at most 10 µs once a spec is loaded. Medians of alternated runs, as in the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import convgen  # noqa: E402
+from convgen import ops  # noqa: E402
+from convgen.timing import time_alternating  # noqa: E402
+
+
+def measure(specialize: bool, repeat: int) -> dict:
+    """Median µs per call of each op on a tiny layer, through the op and directly in C."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(2).astype(np.float32)
+    kw = dict(padding=1, specialize=specialize)
+    y = convgen.conv2d(x, w, b, **kw)
+    dy = np.ones_like(y)
+    grads = tuple(np.empty_like(a) for a in (x, w, b))
+    t = np.empty_like(convgen.conv_transpose2d(y, w, **kw))
+
+    geometry = ops._conv2d_geometry(x, w, 1, 1, 1, 1, "NCHW")
+    call = ops._Call(ops._spec(geometry[0], x.dtype, "NCHW", specialize), *geometry)
+    k = call.kernels
+    ptr = {name: k.ffi.from_buffer("float[]", a) for name, a in
+           dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
+    funcs = {
+        "conv2d": lambda: convgen.conv2d(x, w, b, out=y, **kw),
+        "conv2d C only": lambda: k.fwd(ptr["x"], ptr["w"], ptr["b"], ptr["y"], *call.args),
+        "conv2d_backward": lambda: convgen.conv2d_backward(dy, x, w, out=grads, **kw),
+        "conv2d_backward C only": lambda: (k.bwd_data(ptr["dy"], ptr["w"], ptr["dx"], *call.args),
+                                           k.bwd_weight(ptr["dy"], ptr["x"], ptr["dw"], *call.args),
+                                           np.sum(dy, axis=(0, 2, 3), out=grads[2])),
+        "conv_transpose2d": lambda: convgen.conv_transpose2d(y, w, out=t, **kw),
+        "conv_transpose2d C only": lambda: k.bwd_data(ptr["y"], ptr["w"], ptr["t"], *call.args),
+    }
+    seconds = time_alternating(funcs, repeat=repeat, min_time=0.05)
+    return {name: s * 1e6 for name, s in seconds.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "overhead.md"))
+    args = parser.parse_args(argv)
+    lines = ["# Per-call overhead (Python side)", "",
+             "Tiny layer x (1, 2, 4, 4), w (2, 2, 3, 3), k3s1p1, float32, outputs preallocated with out=. "
+             "Overhead = the op's median time per call minus the same kernels called directly through cffi "
+             f"(median of {args.repeat} alternated samples; {convgen.num_threads()} threads allowed; "
+             "calls this small run on one).", "",
+             "| op | variant | through the op (µs) | C only (µs) | Python-side overhead (µs) |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    worst = 0.0
+    for specialize in (True, False):
+        times = measure(specialize, args.repeat)
+        for op in ("conv2d", "conv2d_backward", "conv_transpose2d"):
+            overhead = times[op] - times[f"{op} C only"]
+            worst = max(worst, overhead)
+            lines.append(f"| {op} | {'specialized' if specialize else 'generic'} | {times[op]:.2f} | "
+                         f"{times[op + ' C only']:.2f} | {overhead:.2f} |")
+    lines += ["", f"Largest overhead: {worst:.2f} µs (target ≤ 10 µs: {'met' if worst <= 10 else 'not met'})."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
