@@ -192,7 +192,10 @@ def markdown(results, fma, info, chart=None) -> str:
             f"between and after the rows); every \"% peak\" below is of the {fma['threads']}-thread figure",
             f"- other processes used {_other_load(results)} of the CPU time while the rows were timed "
             f"(load average {_fmt(info['load'], 2)} before, {_fmt(info.get('load_end'), 2)} after): "
-            "anything above a few % slows all implementations and makes the numbers noisier",
+            "anything above a few % slows all implementations and makes the numbers noisier; "
+            f"the bench waited {info.get('waited', 0):.0f} s in all for quiet moments"
+            + (f" and measured {len(info['remeasured'])} disturbed rows a second time, keeping the quieter measurement"
+               if info.get("remeasured") else ""),
             f"- Python {info['python']}, NumPy {info['numpy']}, PyTorch {info['torch']}",
             f"- NumPy's BLAS: {info['blas']}"
             + (f"; the bench unset {info['blas_env']} for its own process" if info["blas_env"] else ""),

@@ -261,18 +261,33 @@ class OtherLoad:
         return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_quiet(limit: float, threshold: float = 0.1, window: float = 2.0) -> None:
-    """Wait until other processes use under `threshold` of the CPU over `window` seconds, at most `limit` seconds."""
-    deadline = time.perf_counter() + limit
-    while True:
-        with OtherLoad() as load:
-            time.sleep(window)
-        if load.share is None or load.share < threshold:
-            return
-        if time.perf_counter() >= deadline:
-            print(f"other processes still use {100 * load.share:.0f}% of the CPU; starting anyway", flush=True)
-            return
-        print(f"waiting for a quiet machine (other processes use {100 * load.share:.0f}% of the CPU)", flush=True)
+class QuietWaiter:
+    """Waits for other processes to leave the CPU idle, within one budget of seconds for the whole run.
+
+    Shared machines are busy in bursts (other people's builds and tests); a row timed between two
+    bursts is worth a short wait, and the budget keeps the whole bench bounded.
+    """
+
+    NOISY = 0.1  # other processes' share of the CPU above which a row counts as disturbed
+
+    def __init__(self, budget: float, window: float = 1.0):
+        self.remaining, self.window, self.waited = max(0.0, budget), window, 0.0
+
+    def wait(self) -> None:
+        announced = False
+        while self.remaining > 0:
+            start = time.perf_counter()
+            with OtherLoad() as load:
+                time.sleep(min(self.window, self.remaining))
+            spent = time.perf_counter() - start
+            self.remaining -= spent
+            self.waited += spent
+            if load.share is None or load.share < self.NOISY:
+                return
+            if not announced:
+                print(f"  waiting for other processes to leave the CPU ({100 * load.share:.0f}% busy; "
+                      f"{self.remaining:.0f} s of waiting left)", flush=True)
+                announced = True
 
 
 def run_case(case: Case, repeat: int, min_time: float) -> dict:
@@ -380,8 +395,10 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for bench.md and bench.png")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch column")
     parser.add_argument("--no-chart", action="store_true", help="write no PNG")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="first wait up to SECONDS for other processes to leave the CPU idle (default: no wait)")
+    parser.add_argument("--wait-quiet", type=float, default=120.0, metavar="SECONDS",
+                        help="before the run and before each row, wait for other processes to leave the CPU idle, "
+                             "at most SECONDS in all; rows they still disturbed are measured once more at the end, "
+                             "keeping the quieter measurement (default 120; 0: no waiting, no second measurement)")
     args = parser.parse_args(argv)
     args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE])
     args.ops = _subset(parser, "--ops", args.ops, list(OPS))
@@ -414,8 +431,8 @@ def main(argv=None) -> int:
         print("nothing to run: no layer of --layers has an op of --ops", file=sys.stderr)
         return 2
 
-    if args.wait_quiet > 0:
-        wait_quiet(args.wait_quiet)
+    waiter = QuietWaiter(args.wait_quiet)
+    waiter.wait()
     started = time.perf_counter()
     info = machine_info(torch, threads)
     info["command"] = " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)])
@@ -438,15 +455,27 @@ def main(argv=None) -> int:
         return 1
 
     min_time = 0.05 if args.quick else 0.1
-    results = []
-    for op, layer in rows_to_run:
+
+    def measure(op, layer):
+        waiter.wait()
         row = run_case(make_case(op, layer, torch), args.repeat, min_time)
-        results.append(row)
         meter.sample(1)
         print(f"  {op:<20} {layer.name:<13} " + "  ".join(
             f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
             + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
             flush=True)
+        return row
+
+    results = [measure(op, layer) for op, layer in rows_to_run]
+    remeasured = []
+    if args.wait_quiet > 0:
+        # Rows other processes disturbed get a second chance; the quieter of the two measurements stays.
+        for i, row in enumerate(results):
+            if row["other_load"] is not None and row["other_load"] > QuietWaiter.NOISY:
+                again = measure(row["op"], row["layer"])
+                remeasured.append(f"{row['op']} {row['layer'].name}")
+                if again["other_load"] is not None and again["other_load"] < row["other_load"]:
+                    results[i] = again
 
     meter.sample(3 if args.quick else 10)
     fma = meter.result()
@@ -454,6 +483,8 @@ def main(argv=None) -> int:
     info["load_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     info["elapsed"] = time.perf_counter() - started
     info["repeat"] = args.repeat
+    info["waited"] = waiter.waited
+    info["remeasured"] = remeasured
     info["partial"] = len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
 
     text = report.markdown(results, fma, info, chart=None if args.no_chart else "bench.png")
