@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import build, cache, kernels, reference, render
+from convgen import build, cache, kernels, ops, reference, render
 from convgen.spec import ConvSpec, Window
 
 SESSION_CACHE = Path(os.environ["CONVGEN_CACHE_DIR"])  # set by conftest before any test runs
@@ -33,6 +33,7 @@ def private_cache(tmp_path, monkeypatch):
     directory.mkdir(mode=0o700)
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(directory))
     monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setattr(ops, "_PLANS", {})  # validated calls remember their loaded kernels too
     return directory
 
 
