@@ -81,8 +81,12 @@ class _Plan:
         self._call = None
 
     def call(self) -> "_Call":
-        """The kernel call, loading the kernels (and checking their workspace) on first use."""
-        if self._call is None:
+        """The kernel call, loading the kernels (and checking their workspace) on first use.
+
+        The kernels are looked up each time (a dict lookup once loaded), so a plan never calls a
+        module the process has since let go of, e.g. after the cache was cleared.
+        """
+        if self._call is None or self._call.kernels is not get_kernels(self.spec):
             call = _Call(self.spec, *self.geometry)
             _check_workspace(call, self.workspace_op, self.weight, self.what)
             self._call = call
