@@ -209,6 +209,7 @@ def test_show_op_prints_its_entry_points_and_compiles_alone(tmp_path, op, entrie
 
 
 def test_specialized_code_has_no_window_loops_and_generic_has():
+    """(Up to schedule.max_unrolled_taps taps: a 7x7 micro-kernel keeps a loop of constant trip count.)"""
     special = convgen("show", "k5s2p2").stdout
     generic = convgen("show", "k5s2p2", "--generic").stdout
     loops = re.compile(r"for \([^;]*;[^;]*<\s*(g->kh|g->kw|KK)\s*;")
