@@ -24,7 +24,7 @@ from convgen.spec import Window
 from grid import FORWARD_WINDOWS, GRADIENT_WINDOWS
 from helpers import assert_close
 
-settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
