@@ -144,6 +144,7 @@ def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
 
 def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
     """Compile `rendered` as the extension module `module_name` inside build_dir; return the .so path."""
+    check_sanitizer_runtime(toolchain.cflags)  # flags may come from configure(), not only the environment
     c_path = build_dir / f"{module_name}.c"
     so_path = build_dir / f"{module_name}{extension_suffix()}"
     write_wrapper(module_name, rendered, c_path)

@@ -378,3 +378,15 @@ def test_sanitizer_builds_need_the_runtime_preloaded():
         with pytest.raises(convgen.BuildError, match=r"LD_PRELOAD=.*libasan"):
             build.check_sanitizer_runtime(("-O1", "-fsanitize=address,undefined"))
     build.check_sanitizer_runtime(("-O1", "-fsanitize=undefined"))  # UBSan alone needs no preload
+
+
+def test_configured_sanitizer_build_needs_the_runtime_too(private_cache):
+    """The same check for flags given to configure(): refused without the runtime, built with it."""
+    x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3))
+    with convgen.configure(cflags=("-O1", "-fsanitize=address")):
+        if "libasan" in Path("/proc/self/maps").read_text():
+            assert convgen.conv2d(x, w).tolist() == [[[[9.0]]]]
+            return
+        with pytest.raises(convgen.BuildError, match="AddressSanitizer runtime preloaded"):
+            convgen.conv2d(x, w)
+    assert not list(private_cache.glob(f"*{build.extension_suffix()}"))
