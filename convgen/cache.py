@@ -181,14 +181,35 @@ def cache_info() -> dict:
     return {"dir": str(directory), "modules": len(modules), "bytes": sum(p.stat().st_size for p in modules)}
 
 
+def _building(directory: Path, name: str) -> bool:
+    """Whether some process holds the build lock of module `name` right now."""
+    try:
+        with open(directory / f"{name}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
 def cache_clear() -> int:
-    """Delete every cached module (and its digest and lock); return how many modules were removed."""
+    """Delete every cached module (and its digest and lock); return how many modules were removed.
+
+    A build in progress in another process keeps its lock and temporary directory, and publishes
+    its module when it finishes.
+    """
     directory = cache_dir()
     if not directory.is_dir():
         return 0
     removed = 0
+    busy = {path.name.split(".")[0] for path in directory.glob(f"{MODULE_PREFIX}*.lock")
+            if _building(directory, path.name.split(".")[0])}
     for path in directory.glob(f"{MODULE_PREFIX}*"):
-        if path.is_dir():
+        if path.name.split(".")[0] in busy and (path.is_dir() or path.suffix == ".lock"):
+            continue
+        if path.is_dir():  # the temporary directory of a build that was killed
             shutil.rmtree(path, ignore_errors=True)
             continue
         if path.name.endswith(extension_suffix()):

@@ -325,6 +325,30 @@ def test_cache_info_and_clear(private_cache):
     assert convgen.cache_info()["modules"] == 1
 
 
+def test_clear_spares_a_build_in_progress(private_cache):
+    """A clear while another build holds its lock leaves that build's directory and lock alone,
+    and the build still publishes its module."""
+    key = "67" * 32
+    started, release, outcome = threading.Event(), threading.Event(), []
+
+    def slow_build(name, build_dir):
+        started.set()
+        release.wait(30)
+        return tiny_build()(name, build_dir)
+
+    builder = threading.Thread(target=lambda: outcome.append(cache.load_or_build(key, slow_build)))
+    builder.start()
+    assert started.wait(30)
+    seed(SPEC, private_cache)
+    assert convgen.cache_clear() == 1  # the seeded module, not the one being built
+    assert [p for p in private_cache.iterdir() if p.name.endswith(".build")], "the build's directory was removed"
+    release.set()
+    builder.join()
+    module, built = outcome[0]
+    assert built and module.lib.answer() == 42
+    assert convgen.cache_info()["modules"] == 1
+
+
 def test_cache_info_of_a_missing_dir_creates_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "absent"))
     assert convgen.cache_info() == {"dir": str(tmp_path / "absent"), "modules": 0, "bytes": 0}
