@@ -108,11 +108,22 @@ def _locked(lock_path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _check_private_file(path: Path) -> None:
+    """Raise ImportError unless `path` is this user's and nobody else may write it (a file planted
+    while the directory was still open to others would survive a later chmod of the directory)."""
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ImportError(f"{path.name} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}; "
+                          f"only this user's files, writable by nobody else, are loaded")
+
+
 def _try_load(name: str, so_path: Path, digest_path: Path):
-    """The published module, or None if it is absent; raises ImportError if it is damaged."""
+    """The published module, or None if it is absent; raises ImportError if it is damaged or foreign."""
     if not so_path.exists():
         return None
     try:
+        _check_private_file(so_path)
+        _check_private_file(digest_path)
         recorded = digest_path.read_text().strip()
         actual = _file_digest(so_path)
     except OSError as exc:
@@ -137,6 +148,9 @@ def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_
         built = build(name, build_dir)
         digest = build_dir / "digest"
         digest.write_text(_file_digest(built) + "\n")
+        # Private whatever the umask: a group-writable module would be refused by the next load.
+        os.chmod(built, 0o700)
+        os.chmod(digest, 0o600)
         os.replace(built, so_path)
         os.replace(digest, digest_path)
     finally:

@@ -188,6 +188,28 @@ def test_damaged_module_is_rebuilt_with_a_warning(private_cache, imports, damage
     assert not built_again
 
 
+# Making a file of another owner needs root; without it, the mode cases remain.
+PLANTED = ["other-writable", "group-writable-digest"] + (["foreign-owner"] if os.geteuid() == 0 else [])
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_module_file_others_could_have_written_is_rebuilt(private_cache, imports, planted):
+    """A module file not private to this user is never imported, even in a private directory
+    (it could have been planted while the directory was open to others)."""
+    so_path, digest_path = seed(SPEC, private_cache)
+    if planted == "other-writable":
+        os.chmod(so_path, 0o646)
+    elif planted == "group-writable-digest":
+        os.chmod(digest_path, 0o664)
+    else:
+        os.chown(so_path, 65534, -1)  # nobody's
+    with pytest.warns(RuntimeWarning, match=rf"rebuilding the damaged cached kernel module {so_path.name}"):
+        _, built = load(SPEC)
+    assert built and imports == [so_path]  # imported once: the rebuilt file
+    assert so_path.stat().st_uid == os.getuid() and not so_path.stat().st_mode & 0o022
+    check_conv(SPEC)
+
+
 def test_module_built_but_unloadable_is_a_build_error(private_cache):
     def bad_build(name, build_dir):
         path = build_dir / f"{name}{build.extension_suffix()}"
@@ -281,6 +303,21 @@ def test_build_happens_in_a_private_temp_dir_and_publishes_atomically(private_ca
     assert built and module.lib.answer() == 42
     assert final.exists() and not calls[0].exists(), "the temporary build dir is left behind"
     assert cache.load_or_build(key, watched_build)[1] is False and len(calls) == 1
+
+
+def test_published_files_are_private_whatever_the_umask(private_cache):
+    """Under a permissive umask (002 is common) the published module must still be private,
+    or the next load would refuse it and rebuild, every time."""
+    previous = os.umask(0)
+    try:
+        module, built = cache.load_or_build("89" * 32, tiny_build())
+    finally:
+        os.umask(previous)
+    assert built
+    for path in private_cache.iterdir():
+        if not path.name.endswith(".lock"):
+            assert not path.stat().st_mode & 0o077, f"{path.name} has mode {stat.S_IMODE(path.stat().st_mode):o}"
+    assert cache.load_or_build("89" * 32, tiny_build())[1] is False
 
 
 def test_failed_build_leaves_nothing_behind(private_cache):
