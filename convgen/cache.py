@@ -3,8 +3,10 @@
 A module is named after a hash of everything that changes its binary, so a changed template,
 compiler, flag, schedule or interpreter can never load an old binary. Builds happen in a private
 temporary directory under an inter-process lock and are published with an atomic rename, next to
-a digest of the published file; a module whose digest does not match, or that fails to import, is
-rebuilt with a warning.
+a digest of the published file; a module whose digest does not match, that fails to import, or
+that someone else could have written, is rebuilt with a warning. The directory itself must be
+private to the user (a planted module would run as them): anything else is refused before
+anything is loaded.
 """
 
 from __future__ import annotations
