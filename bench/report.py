@@ -198,7 +198,7 @@ def markdown(results, fma, info, chart=None) -> str:
                if info.get("remeasured") else ""),
             f"- Python {info['python']}, NumPy {info['numpy']}, PyTorch {info['torch']}",
             f"- NumPy's BLAS: {info['blas']}"
-            + (f"; the bench unset {info['blas_env']} for its own process" if info["blas_env"] else ""),
+            + (f"; for its own process the bench did: {info['blas_env']} (see bench/run.py)" if info["blas_env"] else ""),
             f"- convgen at commit {info['revision']}; compiler: {info['compiler']}; "
             f"schedule: `{info['schedule']}`", ""]
     out += ["GFLOP/s: forward counts 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw, 2× the forward "

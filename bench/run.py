@@ -18,15 +18,17 @@ from __future__ import annotations
 import os
 import sys
 
-# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set on some machines of this kind for older OpenBLAS
-# builds; they slow the current one. NumPy is the only BLAS user in this process (convgen has no
-# BLAS, PyTorch uses MKL/oneDNN), so the bench restarts itself once without them, before NumPy loads.
-_BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_UNSET_MARK = "CONVGEN_BENCH_UNSET_BLAS_VARS"
-if _UNSET_MARK not in os.environ and any(v in os.environ for v in _BLAS_VARS):
-    _env = dict(os.environ)
-    _env[_UNSET_MARK] = ", ".join(f"{v}={_env.pop(v)}" for v in _BLAS_VARS if v in _env)
-    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+# NumPy's OpenBLAS reads its environment when NumPy is imported, so it is set here, for this process only.
+# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set on some machines of this kind for older OpenBLAS builds
+# and slow the current one: unset. OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's workers go to sleep right after
+# a call instead of spinning for ~0.1 s, which took a core from whichever implementation ran next in the
+# alternation (PyTorch's resnet3x3 forward measured 14 ms instead of 6 ms after a NumPy call). convgen
+# and PyTorch use no OpenBLAS (PyTorch has MKL/oneDNN), so only the NumPy baseline is concerned.
+BLAS_ENV_CHANGES = [f"unset {var}={os.environ.pop(var)}" for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+                    if var in os.environ]
+if "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"
+    BLAS_ENV_CHANGES.append("set OPENBLAS_THREAD_TIMEOUT=4")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -378,7 +380,7 @@ def machine_info(torch, threads: int) -> dict:
         "torch": f"{torch.__version__} ({torch.get_num_threads()} threads)" if torch is not None
                  else "not installed (column skipped)",
         "blas": blas_info(),
-        "blas_env": os.environ.get(_UNSET_MARK, ""),
+        "blas_env": ", ".join(BLAS_ENV_CHANGES),
         "compiler": settings.toolchain.version,
         "revision": source_revision(),
         "schedule": repr(settings.schedule()),
