@@ -1,7 +1,7 @@
 """Run the op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer.
 
     python tests/sanitize/run.py           # `make sanitize`: the op tests, every grid kernel
-    python tests/sanitize/run.py --quick   # `.ci/run`: validation and property tests on a few kernels
+    python tests/sanitize/run.py --quick   # `.ci/run`: validation, property and thread tests, few kernels
     python tests/sanitize/run.py -- -k hand_checked tests/test_conv2d.py   # any pytest arguments
 
 The kernels are compiled with -fsanitize=address,undefined into their own cache directory
@@ -36,13 +36,16 @@ def op_tests() -> list[str]:
     return [f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py")) if p.name not in NOT_OP_TESTS]
 
 
-# The CI subset: every bad-input and unusual-array case, and the property tests with specialized
-# windows narrowed to k3s2p1, so that only nine kernels are built (k3s2p1, k1 and generic).
-QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py"]
+# The CI subset: every bad-input and unusual-array case, the property tests with specialized windows
+# narrowed to k3s2p1, and 8 threads calling kernels at once; fourteen kernels, built in parallel first
+# (those of the thread test are listed by hand: a missing one is only built later, one at a time).
+QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
+         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial"]
 QUICK_WINDOWS = "k3s2p1"
 QUICK_SPECS = [("k3s2p1", dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")] + \
     [("generic", dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")] + \
-    [("k1", "float64", "NCHW")]
+    [("k1", "float64", "NCHW"), ("k3s1p1", "float32", "NCHW"), ("k3s1p1", "float32", "NHWC"),
+     ("k3s1p1d2", "float32", "NCHW"), ("k3s1p1d2", "float32", "NHWC"), ("k4s2p1", "float64", "NCHW")]
 
 REPORT = re.compile(r"ERROR: AddressSanitizer|SUMMARY: (?:Address|UndefinedBehavior)Sanitizer|"
                     r"^.*: runtime error: ", re.MULTILINE)
