@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import platform
 import threading
@@ -22,17 +23,23 @@ from .schedule import Schedule, get_schedule
 from .spec import ConvSpec
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """What every kernel is built with: the toolchain, the ISA and any schedule overrides.
 
-    Compared by identity (eq=False): it keys the loaded modules and the ops' call plans, and hashing
-    by identity keeps that lookup cheap on every call.
+    It keys the loaded modules and the ops' call plans, so its hash is computed once.
     """
 
     toolchain: Toolchain
     isa: str | None = None
     schedule_overrides: tuple = ()
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.toolchain, self.isa, self.schedule_overrides))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def schedule(self) -> Schedule:
         return get_schedule(self.toolchain.compiler, self.isa, **dict(self.schedule_overrides))
