@@ -68,6 +68,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "NV": int(schedule.nr_vectors),
         "NR": schedule.nr(spec.dtype),
         "KC": int(schedule.kc),
+        "KC_FORWARD": int(schedule.kc_forward),
         "NC": int(schedule.nc),
         "MAX_UNROLLED_TAPS": int(schedule.max_unrolled_taps),
     }
