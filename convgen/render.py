@@ -19,6 +19,10 @@ from .spec import ConvSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
+# Windows larger than this keep their tap loops in the packing code: 7x7 and 8x8 are unrolled,
+# a 31x31 window would be 961 copies of each loop body for no measurable gain.
+MAX_UNROLLED_WINDOW = 64
+
 OPS = ("fwd", "bwd_data", "bwd_weight", "workspace")
 
 # Names of the window values in the templates, and the geometry field each reads when generic.
@@ -71,6 +75,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "KC_FORWARD": int(schedule.kc_forward),
         "NC": int(schedule.nc),
         "MAX_UNROLLED_TAPS": int(schedule.max_unrolled_taps),
+        "MAX_UNROLLED_WINDOW": MAX_UNROLLED_WINDOW,
     }
     if spec.specialized:
         w = spec.window

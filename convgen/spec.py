@@ -22,15 +22,19 @@ import numpy as np
 DTYPES = {"float32": "float", "float64": "double"}
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
 LAYOUTS = ("NCHW", "NHWC")
+# Window values become C literals and int64 factors of sizes: bounded, they cannot overflow.
+MAX_WINDOW_VALUE = 2 ** 31 - 1
 
 
 def _as_int(name: str, value, minimum: int) -> int:
-    """`value` as a Python int >= minimum, or a ValueError/TypeError naming `name`."""
+    """`value` as a Python int in [minimum, MAX_WINDOW_VALUE], or a ValueError/TypeError naming `name`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
     value = int(value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > MAX_WINDOW_VALUE:
+        raise ValueError(f"{name} must be at most {MAX_WINDOW_VALUE}, got {value}")
     return value
 
 

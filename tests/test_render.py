@@ -62,3 +62,10 @@ def test_both_variants_come_from_the_same_template(schedule):
     generic = render(ConvSpec(None), schedule).source
     ukernel = special[special.index("static void ukernel"):special.index("static void ukernel") + 400]
     assert ukernel in generic
+
+
+def test_very_large_windows_keep_constant_bound_loops(schedule):
+    """Beyond 64 taps the packing code loops (with literal bounds) instead of unrolling every tap."""
+    source = render(ConvSpec(Window.parse("k9s1p4")), schedule).source
+    assert "for (int64_t i = 0; i < 9; ++i)" in source and "g->kh" not in source
+    assert "const int64_t i = 8, j = 8;" not in source
