@@ -18,7 +18,7 @@ def schedule():
     return settings().schedule()
 
 
-@pytest.mark.parametrize("text", ["k3s1p1", "k5s1p2", "k3x5s2x1p1x2d2", "k1s1p0"])
+@pytest.mark.parametrize("text", ["k3s1p1", "k5s1p2", "k7s2p3", "k3x5s2x1p1x2d2", "k1s1p0", "k7x4s3x2p3x1"])
 def test_specialized_source_has_no_window_loop(schedule, text):
     spec = ConvSpec(Window.parse(text))
     source = render(spec, schedule).source
@@ -32,15 +32,17 @@ def test_specialized_source_has_no_window_loop(schedule, text):
     assert spec.symbol("fwd") in source
 
 
-def test_large_windows_keep_only_the_micro_kernel_tap_loop(schedule):
-    """7x7 has 49 taps, above max_unrolled_taps: packing stays unrolled, the micro-kernel loops over taps."""
-    spec = ConvSpec(Window.parse("k7s2p3"))
+def test_windows_past_max_unrolled_taps_keep_only_the_micro_kernel_tap_loop(schedule):
+    """8x8 has 64 taps, above max_unrolled_taps (49): packing stays unrolled, the micro-kernel loops over taps."""
+    spec = ConvSpec(Window.parse("k8s2p3"))
     source = render(spec, schedule).source
     assert not WINDOW_LOOP.search(source)
     assert len(TAP_LOOP.findall(source)) == 1
-    assert source.count("const int64_t i = 6, j = 6;") >= 2
-    unrolled = render(spec, dataclasses.replace(schedule, max_unrolled_taps=49)).source
+    assert source.count("const int64_t i = 7, j = 7;") >= 2
+    unrolled = render(spec, dataclasses.replace(schedule, max_unrolled_taps=64)).source
     assert not TAP_LOOP.search(unrolled) and not WINDOW_LOOP.search(unrolled)
+    looped = render(ConvSpec(Window.parse("k7s2p3")), dataclasses.replace(schedule, max_unrolled_taps=25)).source
+    assert len(TAP_LOOP.findall(looped)) == 1
 
 
 def test_generic_source_loops_over_the_window(schedule):
