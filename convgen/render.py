@@ -83,9 +83,27 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
                   "PT": w.padding[0][0], "PL": w.padding[1][0], "DH": w.dilation[0], "DW": w.dilation[1]}
         context.update({name: str(int(v)) for name, v in values.items()})
         context.update(KH_VALUE=w.kernel[0], KW_VALUE=w.kernel[1], TAPS=w.kernel[0] * w.kernel[1])
+        context.update(zip(("TAP_BASES", "TAP_LIST"), _tap_layout(w)))
     else:
         context.update({name: f"g->{field}" for name, field in _WINDOW_FIELDS.items()})
     return context
+
+
+def _tap_layout(window) -> tuple[list, list]:
+    """Where each tap of the window reads the phase planes, for the unrolled forward micro-kernel.
+
+    Tap (i, j) reads plane ((i·dh) % sh, (j·dw) % sw) at row (i·dh) // sh and column (j·dw) // sw.
+    Returns the distinct (plane, row) bases as (base, plane index, row) and, in tap order, each
+    tap's (base, column).
+    """
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    bases: dict = {}
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            key = (((i * dh) % sh) * sw + (j * dw) % sw, (i * dh) // sh)
+            taps.append((bases.setdefault(key, len(bases)), (j * dw) // sw))
+    return [(base, plane, row) for (plane, row), base in bases.items()], taps
 
 
 def render(spec: ConvSpec, schedule: Schedule) -> Rendered:
