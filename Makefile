@@ -44,6 +44,7 @@ $(BENCH_INSTALLED): $(INSTALLED) pyproject.toml
 # Faster iterations: make bench BENCH_ARGS="--quick --layers resnet3x3 --ops forward"
 bench: $(BENCH_INSTALLED)
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/overhead.py
 
 # The op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (own cache
 # dir, sanitizer runtimes preloaded); any report fails. CI runs a subset: make sanitize SANITIZE_ARGS=--quick
