@@ -319,6 +319,16 @@ def _window(g, h0, w0):
 # conv2d
 # --------------------------------------------------------------------------
 
+def _bias64(bias, channels):
+    """The bias as float64 of shape (channels,), zeros when there is none."""
+    if bias is None:
+        return np.zeros(channels)
+    b64 = np.array(np.asarray(bias), dtype=np.float64)
+    if b64.shape != (channels,):
+        raise ValueError(f"bias: expected shape {(channels,)}, got {b64.shape}")
+    return b64
+
+
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """2-D cross-correlation (PyTorch ``conv2d`` semantics).
 
@@ -339,11 +349,7 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     F, G = g["F"], g["groups"]
     Cg, Fg = g["C"] // G, F // G
 
-    b64 = np.zeros(F)
-    if bias is not None:
-        b64 = np.array(np.asarray(bias), dtype=np.float64)
-        if b64.shape != (F,):
-            raise ValueError(f"bias: expected shape {(F,)}, got {b64.shape}")
+    b64 = _bias64(bias, F)
 
     xpad = np.pad(x64, ((0, 0), (0, 0), (g["top"], g["bottom"]), (g["left"], g["right"])))
     y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
@@ -433,11 +439,7 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0,
     Cout, G = g["Cout"], g["groups"]
     Cig, Cog = g["Cin"] // G, Cout // G
 
-    b64 = np.zeros(Cout)
-    if bias is not None:
-        b64 = np.array(np.asarray(bias), dtype=np.float64)
-        if b64.shape != (Cout,):
-            raise ValueError(f"bias: expected shape {(Cout,)}, got {b64.shape}")
+    b64 = _bias64(bias, Cout)
 
     canvas = np.zeros((g["N"], Cout, g["canvas_h"], g["canvas_w"]))
     for h in range(g["H"]):
