@@ -9,7 +9,6 @@ Issue target: at most 10 µs once a spec is loaded. Medians of alternated runs, 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
