@@ -27,3 +27,24 @@ def random_case(rng, n, c, h, w, f, cg, kh, kw, dtype):
     weight = rng.standard_normal((f, cg, kh, kw)).astype(dtype)
     bias = rng.standard_normal(f).astype(dtype)
     return x, weight, bias
+
+
+def numerical_gradient(loss, array, h):
+    """Central differences of the scalar loss() with respect to each element of `array` (perturbed in place)."""
+    grad = np.zeros_like(array)
+    flat, flat_grad = array.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        saved = flat[i]
+        flat[i] = saved + h
+        up = loss()
+        flat[i] = saved - h
+        down = loss()
+        flat[i] = saved
+        flat_grad[i] = (up - down) / (2 * h)
+    return grad
+
+
+def relative_error(a, b):
+    """Largest absolute difference, relative to the larger of the two arrays' magnitudes."""
+    scale = max(float(np.abs(a).max()), float(np.abs(b).max()), 1e-30)
+    return float(np.abs(a - b).max()) / scale

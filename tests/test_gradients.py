@@ -15,7 +15,7 @@ import convgen
 from convgen import reference
 from convgen.spec import Window
 from grid import DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS
-from helpers import assert_close, to_layout
+from helpers import assert_close, numerical_gradient, relative_error, to_layout
 
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
@@ -186,29 +186,6 @@ def test_conv_transpose2d_backward_matches_reference(case, layout, dtype, specia
 
 
 # ---------------------------------------------------------------------------- numerical gradients
-def _numerical_gradient(loss, array, h=1e-3):
-    """Central differences of loss() with respect to each element of `array` (perturbed in place).
-
-    The losses below are quadratic in every array, so central differences are exact up to rounding.
-    """
-    grad = np.zeros_like(array)
-    flat, flat_grad = array.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        saved = flat[i]
-        flat[i] = saved + h
-        up = loss()
-        flat[i] = saved - h
-        down = loss()
-        flat[i] = saved
-        flat_grad[i] = (up - down) / (2 * h)
-    return grad
-
-
-def _relative_error(numerical, analytic):
-    scale = max(float(np.abs(numerical).max()), float(np.abs(analytic).max()), 1e-30)
-    return float(np.abs(numerical - analytic).max()) / scale
-
-
 @pytest.fixture
 def one_thread():
     """Thousands of calls on tiny arrays: one thread each, so a busy machine does not stall them.
@@ -234,7 +211,7 @@ def _check_numerical_gradients(op, op_backward, case, layout, specialize, transp
     dy = r + op(x, w, b, **kw)
     dx, dw, db = op_backward(dy, x, w, **kw)
     for name, array, analytic in (("dx", x, dx), ("dw", w, dw), ("db", b, db)):
-        err = _relative_error(_numerical_gradient(loss, array), analytic)
+        err = relative_error(numerical_gradient(loss, array, h=1e-3), analytic)
         assert err < 1e-6, f"{name}: relative error {err:.3g} against central differences"
 
 

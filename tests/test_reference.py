@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from convgen import reference as ref
+from helpers import numerical_gradient, relative_error
 
 
 # --------------------------------------------------------------------------
@@ -353,24 +354,6 @@ def test_adjoint_identity_same_padding(H, W, k, s, d):
 # Gradients by central differences
 # --------------------------------------------------------------------------
 
-def _numeric_grad(f, a, eps=1e-6):
-    """Central differences of the scalar function f() w.r.t. every entry of a (in place)."""
-    g = np.zeros_like(a)
-    for idx in np.ndindex(a.shape):
-        old = a[idx]
-        a[idx] = old + eps
-        fp = f()
-        a[idx] = old - eps
-        fm = f()
-        a[idx] = old
-        g[idx] = (fp - fm) / (2 * eps)
-    return g
-
-
-def _rel_err(a, b):
-    return np.max(np.abs(a - b)) / max(np.max(np.abs(a)), np.max(np.abs(b)), 1e-12)
-
-
 GRAD_CASES = [
     # (N, C, H, W, F, KH, KW, stride, padding, dilation, groups, layout)
     (2, 2, 5, 4, 3, 3, 2, (1, 1), 1, (1, 1), 1, "NCHW"),
@@ -403,9 +386,9 @@ def test_conv2d_backward_numerical(case):
     def loss():
         return float(np.sum(ref.conv2d(x, w, b, **kw) * dy))
 
-    assert _rel_err(dx, _numeric_grad(loss, x)) < 1e-6
-    assert _rel_err(dw, _numeric_grad(loss, w)) < 1e-6
-    assert _rel_err(db, _numeric_grad(loss, b)) < 1e-6
+    assert relative_error(dx, numerical_gradient(loss, x, h=1e-6)) < 1e-6
+    assert relative_error(dw, numerical_gradient(loss, w, h=1e-6)) < 1e-6
+    assert relative_error(db, numerical_gradient(loss, b, h=1e-6)) < 1e-6
 
 
 @pytest.mark.parametrize("case", GRAD_CASES)
@@ -427,9 +410,9 @@ def test_conv_transpose2d_backward_numerical(case):
     def loss():
         return float(np.sum(ref.conv_transpose2d(x, w, b, **kw) * dy))
 
-    assert _rel_err(dx, _numeric_grad(loss, x)) < 1e-6
-    assert _rel_err(dw, _numeric_grad(loss, w)) < 1e-6
-    assert _rel_err(db, _numeric_grad(loss, b)) < 1e-6
+    assert relative_error(dx, numerical_gradient(loss, x, h=1e-6)) < 1e-6
+    assert relative_error(dw, numerical_gradient(loss, w, h=1e-6)) < 1e-6
+    assert relative_error(db, numerical_gradient(loss, b, h=1e-6)) < 1e-6
 
 
 def test_backward_against_brute_force_formulas():
