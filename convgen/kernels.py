@@ -131,17 +131,17 @@ def get_kernels(spec: ConvSpec) -> Kernels:
 
 
 def _load(spec: ConvSpec, active: Settings) -> tuple[Kernels, bool]:
+    """Load the kernels of `spec` (building them if the cache lacks them); returns (kernels, built).
+
+    The compile runs outside the process-wide lock, so different specs build in parallel; the
+    cache's file lock makes concurrent requests for the same spec compile it once.
+    """
     rendered = render(spec, active.schedule())
     key = cache_key(rendered, active.toolchain)
+    module, built = load_or_build(key, lambda name, build_dir: build_module(name, rendered, active.toolchain,
+                                                                           build_dir))
     with _lock:
-        found = _loaded.get((spec, active))
-        if found is not None:
-            return found, False
-        module, built = load_or_build(key, lambda name, build_dir: build_module(name, rendered, active.toolchain,
-                                                                               build_dir))
-        kernels = Kernels(module, rendered)
-        _loaded[(spec, active)] = kernels
-        return kernels, built
+        return _loaded.setdefault((spec, active), Kernels(module, rendered)), built
 
 
 def build_all(specs, jobs: int | None = None, on_done=None) -> dict:
@@ -154,12 +154,7 @@ def build_all(specs, jobs: int | None = None, on_done=None) -> dict:
     outcomes = {}
 
     def one(spec):
-        rendered = render(spec, active.schedule())
-        key = cache_key(rendered, active.toolchain)
-        module, built = load_or_build(key, lambda name, d: build_module(name, rendered, active.toolchain, d))
-        with _lock:
-            _loaded.setdefault((spec, active), Kernels(module, rendered))
-        return "built" if built else "cached"
+        return "built" if _load(spec, active)[1] else "cached"
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or num_threads()) as pool:
         futures = {pool.submit(one, spec): spec for spec in specs}
