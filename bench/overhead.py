@@ -17,7 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import convgen  # noqa: E402
-from convgen import ops  # noqa: E402
+from convgen import abi, resolve  # noqa: E402
+from convgen.spec import ConvSpec  # noqa: E402
 from convgen.timing import time_alternating  # noqa: E402
 
 
@@ -33,20 +34,24 @@ def measure(specialize: bool, repeat: int) -> dict:
     grads = tuple(np.empty_like(a) for a in (x, w, b))
     t = np.empty_like(convgen.conv_transpose2d(y, w, **kw))
 
-    geometry = ops._conv2d_geometry(x, w, 1, 1, 1, 1, "NCHW")
-    call = ops._Call(ops._spec(geometry[0], x.dtype, "NCHW", specialize), *geometry)
-    k = call.kernels
+    # The kernels called straight through their cffi functions, with the pointers made once and the
+    # arguments convgen.abi declares (what Kernels.call passes).
+    problem = resolve.conv_problem(x.shape, w.shape, x.dtype, 1, 1, 1, 1, "NCHW")
+    spec = ConvSpec(problem.window if specialize else None, "float32", "NCHW")
+    k = convgen.get_kernels(spec)
+    args = (*abi.size_arguments(problem, specialize), convgen.num_threads())
+    fwd, bwd_data, bwd_weight = (getattr(k.lib, spec.symbol(entry)) for entry in ("fwd", "bwd_data", "bwd_weight"))
     ptr = {name: k.ffi.from_buffer("float[]", a) for name, a in
            dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
     funcs = {
         "conv2d": lambda: convgen.conv2d(x, w, b, out=y, **kw),
-        "conv2d C only": lambda: k.fwd(ptr["x"], ptr["w"], ptr["b"], ptr["y"], *call.args),
+        "conv2d C only": lambda: fwd(ptr["x"], ptr["w"], ptr["b"], ptr["y"], *args),
         "conv2d_backward": lambda: convgen.conv2d_backward(dy, x, w, out=grads, **kw),
-        "conv2d_backward C only": lambda: (k.bwd_data(ptr["dy"], ptr["w"], ptr["dx"], *call.args),
-                                           k.bwd_weight(ptr["dy"], ptr["x"], ptr["dw"], *call.args),
+        "conv2d_backward C only": lambda: (bwd_data(ptr["dy"], ptr["w"], ptr["dx"], *args),
+                                           bwd_weight(ptr["dy"], ptr["x"], ptr["dw"], *args),
                                            np.sum(dy, axis=(0, 2, 3), out=grads[2])),
         "conv_transpose2d": lambda: convgen.conv_transpose2d(y, w, out=t, **kw),
-        "conv_transpose2d C only": lambda: k.bwd_data(ptr["y"], ptr["w"], ptr["t"], *call.args),
+        "conv_transpose2d C only": lambda: bwd_data(ptr["y"], ptr["w"], ptr["t"], *args),
     }
     seconds = time_alternating(funcs, repeat=repeat, min_time=0.05)
     return {name: s * 1e6 for name, s in seconds.items()}

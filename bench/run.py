@@ -47,8 +47,8 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 import numpy as np  # noqa: E402
 
 import convgen  # noqa: E402
-from convgen import baselines, ops  # noqa: E402
-from convgen.spec import ConvSpec, Window, conv_flops  # noqa: E402
+from convgen import baselines, resolve  # noqa: E402
+from convgen.spec import ConvSpec, Window  # noqa: E402
 from convgen.timing import time_alternating  # noqa: E402
 
 import peak  # noqa: E402
@@ -127,25 +127,18 @@ def make_case(op: str, layer: Layer, torch) -> Case:
     x = rng.standard_normal((L.n, L.c, L.h, L.w), dtype=np.float32)
     if not L.transposed:
         w = rng.standard_normal((L.f, L.c, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
-        window = Window.resolve((L.k, L.k), L.s, L.p, 1, (L.h, L.w))
-        ho, wo = window.output_size((L.h, L.w))
-        fwd_flops = conv_flops(L.n, L.f, L.c, (L.k, L.k), (ho, wo))
-        kernel_sizes = (L.n, L.c, L.h, L.w, L.f, ho, wo, 1)
+        problem = resolve.conv_problem(x.shape, w.shape, x.dtype, L.s, L.p, 1, 1, "NCHW")
     else:
         w = rng.standard_normal((L.c, L.f, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
-        window = Window.resolve((L.k, L.k), L.s, L.p, 1, (L.h, L.w), transposed=True)
-        ho, wo = window.transposed_output_size((L.h, L.w), (0, 0))
-        # The conv2d whose input gradient this is maps (N, F, Ho, Wo) to x's (N, C, H, W).
-        fwd_flops = conv_flops(L.n, L.c, L.f, (L.k, L.k), (L.h, L.w))
-        kernel_sizes = (L.n, L.f, ho, wo, L.c, L.h, L.w, 1)  # that conv2d's sizes, as the kernels take them
+        problem = resolve.transposed_problem(x.shape, w.shape, x.dtype, L.s, L.p, 1, 1, "NCHW", 0)
+    # A transposed convolution counts as the conv2d whose input gradient it is (problem.flops says so).
+    fwd_flops, ho, wo = problem.flops, problem.ho, problem.wo
+    kernels = {v: convgen.get_kernels(ConvSpec(problem.window if v == "specialized" else None, "float32", "NCHW"))
+               for v in ("specialized", "generic")}
 
-    # The kernels' own workspace query, with the arguments convgen's ops pass them (ops._Call).
-    calls = {v: ops._Call(ConvSpec(window if v == "specialized" else None, "float32", "NCHW"), window, *kernel_sizes)
-             for v in ("specialized", "generic")}
-
-    def workspace(*kernel_ops):
+    def workspace(*entries):
         # The op's kernel calls run one after another, each with its own workspace: the peak is the largest.
-        return {v: max(call.workspace_bytes(k) for k in kernel_ops) for v, call in calls.items()}
+        return {v: max(k.workspace_bytes(entry, problem) for entry in entries) for v, k in kernels.items()}
 
     funcs, dy = {}, None
     if op == "forward":
@@ -154,21 +147,21 @@ def make_case(op: str, layer: Layer, torch) -> Case:
         funcs["specialized"] = lambda: convgen.conv2d(x, w, **kw, out=y)
         funcs["generic"] = lambda: convgen.conv2d(x, w, **kw, specialize=False, out=y_gen)
         funcs["numpy"] = lambda: baselines.numpy_conv2d(x, w, stride, padding)
-        flops, ws, out_bytes = fwd_flops, workspace(0), y.nbytes
+        flops, ws, out_bytes = fwd_flops, workspace("fwd"), y.nbytes
     elif op == "backward":
         dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
         outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
         funcs["specialized"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, out=outs["specialized"])
         funcs["generic"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, specialize=False, out=outs["generic"])
         funcs["numpy"] = lambda: baselines.numpy_conv2d_backward(dy, x, w, stride, padding)
-        flops, ws, out_bytes = 2 * fwd_flops, workspace(1, 2), sum(a.nbytes for a in outs["specialized"])
+        flops, ws, out_bytes = 2 * fwd_flops, workspace("bwd_data", "bwd_weight"), sum(a.nbytes for a in outs["specialized"])
     elif op == "transposed":
         y = np.empty((L.n, L.f, ho, wo), np.float32)
         y_gen = np.empty_like(y)
         funcs["specialized"] = lambda: convgen.conv_transpose2d(x, w, **kw, out=y)
         funcs["generic"] = lambda: convgen.conv_transpose2d(x, w, **kw, specialize=False, out=y_gen)
         funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d(x, w, stride, padding)
-        flops, ws, out_bytes = fwd_flops, workspace(1), y.nbytes
+        flops, ws, out_bytes = fwd_flops, workspace("bwd_data"), y.nbytes
     elif op == "transposed_backward":
         dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
         outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
@@ -176,7 +169,7 @@ def make_case(op: str, layer: Layer, torch) -> Case:
         funcs["generic"] = lambda: convgen.conv_transpose2d_backward(dy, x, w, **kw, specialize=False,
                                                                      out=outs["generic"])
         funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d_backward(dy, x, w, stride, padding)
-        flops, ws, out_bytes = 2 * fwd_flops, workspace(0, 2), sum(a.nbytes for a in outs["specialized"])
+        flops, ws, out_bytes = 2 * fwd_flops, workspace("fwd", "bwd_weight"), sum(a.nbytes for a in outs["specialized"])
     else:
         raise ValueError(f"unknown op {op!r}")
 

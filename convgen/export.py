@@ -1,9 +1,10 @@
 """Standalone C: a kernel module as a .c/.h pair that any C compiler builds, without Python or cffi.
 
-The rendered module is plain C already (templates/conv.c.j2); the export adds a header that
-carries its prototypes (the same text as the cffi cdef) with what a C caller needs to know: the
-array shapes in the spec's layout, what each size means, the output-size formula with this
-spec's numbers, the thread count and the return codes.
+The rendered module is plain C already (templates/<family>/module.c.j2); the export adds a header
+that carries its prototypes (convgen.abi's declarators, the same text as the cffi cdef) with what a
+C caller needs to know: the array shapes in the spec's layout, what each size means, the
+output-size formula with this spec's numbers, the op ids of the queries, the thread count and the
+return codes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from . import __version__
+from . import abi
+from ._version import __version__
 from .build import DEFAULT_CFLAGS
 from .render import Rendered
 from .spec import ConvSpec
@@ -49,14 +51,28 @@ Weight gradient: dweight = dL/dweight given dy = dL/dy and the forward input x.
 The bias gradient is dy summed over n, ho and wo; it is not computed here.
 Returns 0, or 1 if the scratch memory could not be allocated.""",
     "workspace": """\
-Bytes of scratch memory one call allocates for these sizes: op 0 forward, 1 input gradient,
-2 weight gradient. The kernels allocate it themselves; this is for planning only.""",
+Bytes of scratch memory one call of op `op` allocates for these sizes and nthreads;
+  op: {ops}.
+The kernels allocate it themselves; this is for planning only.""",
+    "threads": """\
+Threads one call of op `op` runs on for these sizes: at most nthreads, fewer when the work
+is too small to share, 1 when built without OpenMP;
+  op: {ops}.""",
 }
+
+# What each op id of the queries names, for their documentation (the ids come from convgen.abi).
+_OP_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
+
+
+def _op_ids_doc() -> str:
+    """The op ids of the queries as documented in the header, e.g. "0 forward, 1 input gradient, ..."."""
+    by_number = sorted(abi.OP_IDS.items(), key=lambda item: item[1])
+    return ", ".join(f"{number} {_OP_TITLES[entry]}" for entry, number in by_number)
 
 
 def module_basename(spec: ConvSpec) -> str:
     """File name stem of one kernel module, e.g. conv2d_k3s2p1_nchw_float32 (also used by `generate`)."""
-    return f"conv2d_{spec.short()}_{spec.layout.lower()}_{spec.dtype}"
+    return f"conv2d_{spec.name}"
 
 
 def compile_hint(rendered: Rendered, name: str) -> str:
@@ -102,21 +118,17 @@ def _comment(text: str, indent: str = "") -> str:
 
 
 def header_text(rendered: Rendered) -> str:
-    """The .h of an exported module: documented prototypes taken from the cdef."""
+    """The .h of an exported module: every entry point's prototype (convgen.abi's declarator) with its documentation."""
     spec = rendered.spec
     name = module_basename(spec)
     guard = re.sub(r"\W", "_", name).upper() + "_H"
     kh, kw = spec.window.kernel if spec.specialized else ("kh", "kw")
     shapes = {key: value.format(kh=kh, kw=kw) for key, value in _SHAPES[spec.layout].items()}
-    prototypes = [p.strip() + ";" for p in rendered.cdef.split(";") if p.strip()]
-    blocks = []
-    for prototype in prototypes:
-        op = next((op for op, symbol in rendered.symbols.items() if f" {symbol}(" in f" {prototype}"), None)
-        doc = _OP_DOCS.get(op)
-        blocks.append((_comment(doc.format(**shapes)) + "\n" if doc else "") + prototype)
+    blocks = [_comment(_OP_DOCS[entry].format(ops=_op_ids_doc(), **shapes)) + f"\n{declarator};"
+              for entry, declarator in abi.signatures(spec).items()]
     about = f"""\
 {name}.h: 2-D convolution kernels exported by convgen {__version__}. Plain C: no Python, no cffi.
-Element type {spec.c_type} ({spec.dtype}), layout {spec.layout}; C symbols end in {spec.symbol("fwd").split("_fwd_")[1]}.
+Element type {spec.c_type} ({spec.dtype}), layout {spec.layout}; C symbols end in {spec.name}.
 
 Build the source as convgen builds it: -fno-strict-aliasing is needed (the kernels view one
 buffer through several pointer types); -fopenmp gives threads and the arch flag the vector width of

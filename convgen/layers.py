@@ -19,39 +19,9 @@ import numbers
 import numpy as np
 
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
-from .spec import as_pair, explicit_padding
-
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _positive_int(name, value) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def _flag(name, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _float_dtype(dtype) -> np.dtype:
-    try:
-        found = np.dtype(dtype)
-    except TypeError:
-        found = None
-    if found not in _DTYPES:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
-    return found
-
-
-def _layout(layout) -> str:
-    if isinstance(layout, str) and layout.upper() in ("NCHW", "NHWC"):
-        return layout.upper()
-    raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+from .problem import weight_shape
+from .resolve import as_flag, as_float_dtype, as_layout, groups_dividing, as_output_padding
+from .spec import as_int, as_pair, explicit_padding
 
 
 def _generator(rng) -> np.random.Generator:
@@ -87,20 +57,17 @@ class _ConvLayer:
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
                  layout, specialize, rng):
-        self.in_channels = _positive_int("in_channels", in_channels)
-        self.out_channels = _positive_int("out_channels", out_channels)
+        self.in_channels = as_int("in_channels", in_channels)
+        self.out_channels = as_int("out_channels", out_channels)
         self.kernel_size = as_pair("kernel_size", kernel_size)
         self.stride = as_pair("stride", stride)
         self.padding = explicit_padding(padding)
         self.dilation = as_pair("dilation", dilation)
-        self.groups = _positive_int("groups", groups)
-        if self.in_channels % self.groups or self.out_channels % self.groups:
-            raise ValueError(f"groups={self.groups} must divide both in_channels ({self.in_channels}) and "
-                             f"out_channels ({self.out_channels})")
-        has_bias = _flag("bias", bias)
-        self.dtype = _float_dtype(dtype)
-        self.layout = _layout(layout)
-        self.specialize = _flag("specialize", specialize)
+        self.groups = groups_dividing(groups, self.in_channels, self.out_channels, "in_channels", "out_channels")
+        has_bias = as_flag("bias", bias)
+        self.dtype = as_float_dtype(dtype)
+        self.layout = as_layout(layout)
+        self.specialize = as_flag("specialize", specialize)
         rng = _generator(rng)
 
         # He et al. (2015): std sqrt(2 / fan_in) keeps the activations' scale through ReLU layers.
@@ -209,11 +176,7 @@ class Conv2d(_ConvLayer):
                          layout, specialize, rng)
 
     def _weight_shape(self):
-        kh, kw = self.kernel_size
-        per_group = self.in_channels // self.groups
-        if self.layout == "NCHW":
-            return (self.out_channels, per_group, kh, kw)
-        return (kh, kw, per_group, self.out_channels)
+        return weight_shape(self.out_channels, self.in_channels // self.groups, self.kernel_size, self.layout)
 
     def _fan_in(self):
         return self.in_channels // self.groups * self.kernel_size[0] * self.kernel_size[1]
@@ -239,24 +202,12 @@ class ConvTranspose2d(_ConvLayer):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, dilation=1,
                  groups=1, bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None):
         # Checked before the base class draws the weights, so a bad value costs nothing.
-        op = as_pair("output_padding", output_padding, minimum=0)
-        stride_pair, dilation_pair = as_pair("stride", stride), as_pair("dilation", dilation)
-        for axis, p, s, d in zip("hw", op, stride_pair, dilation_pair):
-            if p >= max(s, d):
-                raise ValueError(f"output_padding along {axis} must be smaller than max(stride, dilation) = "
-                                 f"{max(s, d)}, got {p}")
-        if explicit_padding(padding) == "same" and op != (0, 0):
-            raise ValueError(f"output_padding must be 0 with padding='same' (the output is input·stride), got {op}")
-        self.output_padding = op
+        self.output_padding = as_output_padding(output_padding, stride, dilation, padding)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
                          layout, specialize, rng)
 
     def _weight_shape(self):
-        kh, kw = self.kernel_size
-        per_group = self.out_channels // self.groups
-        if self.layout == "NCHW":
-            return (self.in_channels, per_group, kh, kw)
-        return (kh, kw, per_group, self.in_channels)
+        return weight_shape(self.in_channels, self.out_channels // self.groups, self.kernel_size, self.layout)
 
     def _fan_in(self):
         taps = self.kernel_size[0] * self.kernel_size[1] / (self.stride[0] * self.stride[1])

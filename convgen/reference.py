@@ -315,6 +315,22 @@ def _window(g, h0, w0):
             slice(w0, w0 + g["dw"] * (g["KW"] - 1) + 1, g["dw"]))
 
 
+def _positions(g, rows, cols):
+    """(row, col, window) for every position of a rows × cols grid: the strided window it meets."""
+    for r in range(rows):
+        for c in range(cols):
+            yield r, c, _window(g, r * g["sh"], c * g["sw"])
+
+
+def _group_slices(groups, a_per_group, b_per_group):
+    """(a, b) channel slices of each group, for two channel axes split into `groups` parts."""
+    for grp in range(groups):
+        yield (slice(grp * a_per_group, (grp + 1) * a_per_group), slice(grp * b_per_group, (grp + 1) * b_per_group))
+
+
+_ALL = (slice(None), slice(None))  # batch and channels, in front of a window's spatial slices
+
+
 # --------------------------------------------------------------------------
 # conv2d
 # --------------------------------------------------------------------------
@@ -329,6 +345,17 @@ def _bias64(bias, channels):
     return b64
 
 
+def _float64_inputs(layout, bias, **arrays):
+    """(result dtype, the arrays as float64 NCHW, w in PyTorch's weight order): each checked 4-D."""
+    _check_layout(layout)
+    given = {name: np.asarray(value) for name, value in arrays.items()}
+    for name, value in given.items():
+        _check_4d(value, name)
+    dtype = _result_dtype(*given.values(), bias)
+    return (dtype, *(_weight_to_torch(value, layout) if name == "w" else _act_to_nchw(value, layout)
+                     for name, value in given.items()))
+
+
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
     """2-D cross-correlation (PyTorch ``conv2d`` semantics).
 
@@ -338,13 +365,7 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
 
     Returns ``y`` of shape (N, F, Ho, Wo) for NCHW or (N, Ho, Wo, F) for NHWC.
     """
-    _check_layout(layout)
-    x_in, w_in = np.asarray(x), np.asarray(w)
-    _check_4d(x_in, "x")
-    _check_4d(w_in, "w")
-    dtype = _result_dtype(x_in, w_in, bias)
-    x64 = _act_to_nchw(x_in, layout)
-    w64 = _weight_to_torch(w_in, layout)
+    dtype, x64, w64 = _float64_inputs(layout, bias, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     F, G = g["F"], g["groups"]
     Cg, Fg = g["C"] // G, F // G
@@ -353,13 +374,11 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
 
     xpad = np.pad(x64, ((0, 0), (0, 0), (g["top"], g["bottom"]), (g["left"], g["right"])))
     y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
-    for oh in range(g["Ho"]):
-        for ow in range(g["Wo"]):
-            field = xpad[(slice(None), slice(None)) + _window(g, oh * g["sh"], ow * g["sw"])]
-            for grp in range(G):
-                cs, fs = slice(grp * Cg, (grp + 1) * Cg), slice(grp * Fg, (grp + 1) * Fg)
-                # (N, Cg, KH, KW) . (Fg, Cg, KH, KW) -> (N, Fg)
-                y[:, fs, oh, ow] = np.tensordot(field[:, cs], w64[fs], axes=([1, 2, 3], [1, 2, 3]))
+    for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
+        field = xpad[_ALL + win]
+        for cs, fs in _group_slices(G, Cg, Fg):
+            # (N, Cg, KH, KW) . (Fg, Cg, KH, KW) -> (N, Fg)
+            y[:, fs, oh, ow] = np.tensordot(field[:, cs], w64[fs], axes=([1, 2, 3], [1, 2, 3]))
     y += b64[None, :, None, None]
     return _act_from_nchw(y, layout, dtype)
 
@@ -372,14 +391,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     field-shaped ``dy . w`` is scatter-added into a padded canvas, which is
     finally cropped back to the input size.
     """
-    _check_layout(layout)
-    dy_in, x_in, w_in = np.asarray(dy), np.asarray(x), np.asarray(w)
-    for a, name in ((dy_in, "dy"), (x_in, "x"), (w_in, "w")):
-        _check_4d(a, name)
-    dtype = _result_dtype(dy_in, x_in, w_in)
-    x64 = _act_to_nchw(x_in, layout)
-    w64 = _weight_to_torch(w_in, layout)
-    dy64 = _act_to_nchw(dy_in, layout)
+    dtype, dy64, x64, w64 = _float64_inputs(layout, None, dy=dy, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
     Cg, Fg = C // G, F // G
@@ -392,18 +404,15 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     dxpad = np.zeros_like(xpad)
     dw64 = np.zeros_like(w64)
     db64 = np.zeros(F)
-    for oh in range(g["Ho"]):
-        for ow in range(g["Wo"]):
-            win = _window(g, oh * g["sh"], ow * g["sw"])
-            field = xpad[(slice(None), slice(None)) + win]            # (N, C, KH, KW)
-            grad = dy64[:, :, oh, ow]                                  # (N, F)
-            db64 += grad.sum(axis=0)
-            for grp in range(G):
-                cs, fs = slice(grp * Cg, (grp + 1) * Cg), slice(grp * Fg, (grp + 1) * Fg)
-                # (N, Fg) x (N, Cg, KH, KW) -> (Fg, Cg, KH, KW)
-                dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
-                # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
-                dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
+    for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
+        field = xpad[_ALL + win]                                   # (N, C, KH, KW)
+        grad = dy64[:, :, oh, ow]                                  # (N, F)
+        db64 += grad.sum(axis=0)
+        for cs, fs in _group_slices(G, Cg, Fg):
+            # (N, Fg) x (N, Cg, KH, KW) -> (Fg, Cg, KH, KW)
+            dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
+            # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
+            dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
     dx64 = dxpad[:, :, top:top + H, left:left + W]
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
@@ -427,13 +436,7 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0,
     Weights: NCHW (C_in, C_out/groups, KH, KW); NHWC (KH, KW, C_out/groups, C_in).
     ``padding="same"`` gives an output of exactly ``in * stride`` per dimension.
     """
-    _check_layout(layout)
-    x_in, w_in = np.asarray(x), np.asarray(w)
-    _check_4d(x_in, "x")
-    _check_4d(w_in, "w")
-    dtype = _result_dtype(x_in, w_in, bias)
-    x64 = _act_to_nchw(x_in, layout)
-    w64 = _weight_to_torch(w_in, layout)
+    dtype, x64, w64 = _float64_inputs(layout, bias, x=x, w=w)
     g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
                                    output_padding, dilation, groups)
     Cout, G = g["Cout"], g["groups"]
@@ -442,14 +445,10 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0,
     b64 = _bias64(bias, Cout)
 
     canvas = np.zeros((g["N"], Cout, g["canvas_h"], g["canvas_w"]))
-    for h in range(g["H"]):
-        for w_ in range(g["W"]):
-            win = _window(g, h * g["sh"], w_ * g["sw"])
-            for grp in range(G):
-                cs, os_ = slice(grp * Cig, (grp + 1) * Cig), slice(grp * Cog, (grp + 1) * Cog)
-                # (N, Cig) x (Cig, Cog, KH, KW) -> (N, Cog, KH, KW)
-                canvas[(slice(None), os_) + win] += np.tensordot(
-                    x64[:, cs, h, w_], w64[cs], axes=([1], [0]))
+    for h, w_, win in _positions(g, g["H"], g["W"]):
+        for cs, os_ in _group_slices(G, Cig, Cog):
+            # (N, Cig) x (Cig, Cog, KH, KW) -> (N, Cog, KH, KW)
+            canvas[(slice(None), os_) + win] += np.tensordot(x64[:, cs, h, w_], w64[cs], axes=([1], [0]))
     top, left = g["top"], g["left"]
     y = canvas[:, :, top:top + g["Ho"], left:left + g["Wo"]] + b64[None, :, None, None]
     return _act_from_nchw(y, layout, dtype)
@@ -464,14 +463,7 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     scatter; for every input position the canvas window it scattered into is
     gathered back: ``dx = window . w`` and ``dw += x^T . window``.
     """
-    _check_layout(layout)
-    dy_in, x_in, w_in = np.asarray(dy), np.asarray(x), np.asarray(w)
-    for a, name in ((dy_in, "dy"), (x_in, "x"), (w_in, "w")):
-        _check_4d(a, name)
-    dtype = _result_dtype(dy_in, x_in, w_in)
-    x64 = _act_to_nchw(x_in, layout)
-    w64 = _weight_to_torch(w_in, layout)
-    dy64 = _act_to_nchw(dy_in, layout)
+    dtype, dy64, x64, w64 = _float64_inputs(layout, None, dy=dy, x=x, w=w)
     g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
                                    output_padding, dilation, groups)
     N, Cout, G = g["N"], g["Cout"], g["groups"]
@@ -486,15 +478,13 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
 
     dx64 = np.zeros_like(x64)
     dw64 = np.zeros_like(w64)
-    for h in range(g["H"]):
-        for w_ in range(g["W"]):
-            field = dcanvas[(slice(None), slice(None)) + _window(g, h * g["sh"], w_ * g["sw"])]
-            for grp in range(G):
-                cs, os_ = slice(grp * Cig, (grp + 1) * Cig), slice(grp * Cog, (grp + 1) * Cog)
-                # (N, Cog, KH, KW) . (Cig, Cog, KH, KW) -> (N, Cig)
-                dx64[:, cs, h, w_] = np.tensordot(field[:, os_], w64[cs], axes=([1, 2, 3], [1, 2, 3]))
-                # (N, Cig) x (N, Cog, KH, KW) -> (Cig, Cog, KH, KW)
-                dw64[cs] += np.tensordot(x64[:, cs, h, w_], field[:, os_], axes=([0], [0]))
+    for h, w_, win in _positions(g, g["H"], g["W"]):
+        field = dcanvas[_ALL + win]
+        for cs, os_ in _group_slices(G, Cig, Cog):
+            # (N, Cog, KH, KW) . (Cig, Cog, KH, KW) -> (N, Cig)
+            dx64[:, cs, h, w_] = np.tensordot(field[:, os_], w64[cs], axes=([1, 2, 3], [1, 2, 3]))
+            # (N, Cig) x (N, Cog, KH, KW) -> (Cig, Cog, KH, KW)
+            dw64[cs] += np.tensordot(x64[:, cs, h, w_], field[:, os_], axes=([0], [0]))
     db64 = dy64.sum(axis=(0, 2, 3))
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),

@@ -1,8 +1,11 @@
-"""Render a spec's C source and cffi cdef from the Jinja templates in templates/.
+"""Render a spec's C source from the Jinja templates in templates/, and its cffi cdef from convgen.abi.
 
-The same templates render both variants: a window value is written as a literal ("3") in the
-specialized build and as a field of the run-time geometry ("g->kh") in the generic one, and the
-loops over the kernel window are unrolled only where the window is known.
+One render per module: templates/<family>/module.c.j2 includes the shared code of templates/common/
+and the family's own files. The same templates render both variants: a window value is written as
+a literal ("3") in the specialized build and as a field of the run-time geometry ("g->kh") in the
+generic one, and the loops over the kernel window are unrolled only where the window is known. The
+entry points' declarators and op ids come from convgen.abi, so the C, the cdef and the Python
+calls agree by construction.
 """
 
 from __future__ import annotations
@@ -13,17 +16,20 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from . import abi
+from ._version import __version__
 from .schedule import Schedule
 from .spec import ConvSpec
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+# The Jinja templates: convgen/templates in an installed wheel (pyproject.toml ships the source tree's
+# templates/ there as package data), else templates/ beside the package (a checkout, an editable install).
+_PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATE_DIR = next((d for d in (_PACKAGE_DIR / "templates", _PACKAGE_DIR.parent / "templates") if d.is_dir()),
+                    _PACKAGE_DIR / "templates")
 
 # Windows larger than this keep their tap loops in the packing code: 7x7 and 8x8 are unrolled,
 # a 31x31 window would be 961 copies of each loop body for no measurable gain.
 MAX_UNROLLED_WINDOW = 64
-
-OPS = ("fwd", "bwd_data", "bwd_weight", "workspace")
 
 # Names of the window values in the templates, and the geometry field each reads when generic.
 _WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "PL": "pl", "DH": "dh", "DW": "dw"}
@@ -31,7 +37,7 @@ _WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "P
 
 @dataclasses.dataclass(frozen=True)
 class Rendered:
-    """The C source of one kernel module, its cffi cdef, and its entry-point names."""
+    """The C source of one kernel module, its cffi cdef, and its entry points' C symbols by entry name."""
 
     spec: ConvSpec
     schedule: Schedule
@@ -40,12 +46,15 @@ class Rendered:
     symbols: dict
 
 
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    if not TEMPLATE_DIR.is_dir():
-        raise FileNotFoundError(f"convgen templates not found at {TEMPLATE_DIR}; install convgen from its source tree")
+@functools.lru_cache(maxsize=4)
+def _environment(directory: Path) -> jinja2.Environment:
+    if not directory.is_dir():
+        if directory == TEMPLATE_DIR:
+            raise FileNotFoundError(f"convgen templates not found at {TEMPLATE_DIR}: this installation of convgen is "
+                                    "incomplete; reinstall it (from a source checkout: pip install -e .)")
+        raise FileNotFoundError(f"templates must be a directory of convgen templates, got {str(directory)!r}")
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -63,7 +72,8 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "dtype": spec.dtype,
         "c_type": spec.c_type,
         "layout": spec.layout,
-        "symbols": {op: spec.symbol(op) for op in OPS},
+        "signatures": abi.signatures(spec),
+        "op_ids": dict(abi.OP_IDS),
         "isa": schedule.isa,
         "ukernel": schedule.ukernel,
         "VECTOR_BYTES": int(schedule.vector_bytes),
@@ -106,10 +116,12 @@ def _tap_layout(window) -> tuple[list, list]:
     return [(base, plane, row) for (plane, row), base in bases.items()], taps
 
 
-def render(spec: ConvSpec, schedule: Schedule) -> Rendered:
-    """Render the module source and cdef of `spec` under `schedule`."""
-    env = _environment()
-    context = template_context(spec, schedule)
-    source = env.get_template("conv.c.j2").render(context)
-    cdef = env.get_template("conv.cdef.j2").render(context)
-    return Rendered(spec, schedule, source, cdef, context["symbols"])
+def render(spec: ConvSpec, schedule: Schedule, templates=None) -> Rendered:
+    """Render the module source of `spec` under `schedule`, with its cdef and symbols.
+
+    `templates`: a directory laid out as templates/ (an edited copy, say) instead of convgen's own.
+    """
+    environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
+    source = environment.get_template(f"{spec.family}/module.c.j2").render(template_context(spec, schedule))
+    return Rendered(spec, schedule, source, abi.cdef(spec),
+                    {entry: spec.symbol(entry) for entry in abi.ENTRY_POINTS})

@@ -3,8 +3,8 @@
 A `Window` holds the geometry of the sliding window (kernel size, stride, padding, dilation). A
 `ConvSpec` pairs a window with a dtype and a layout; its window is None for the *generic* build,
 whose single module serves every window at run time. Everything here is frozen and hashable, so a
-spec can key caches, and every value that reaches the C source passes through `_as_positive_int` /
-`_as_nonnegative_int` or one of the fixed name tables below.
+spec can key caches, and every value that reaches the C source passes through `as_int` or one of the
+fixed name tables below.
 
 This module also owns the shape arithmetic of the fast path (`Window.output_size`,
 `Window.transposed_output_size`) and the resolution of the padding forms ("same", "valid",
@@ -22,11 +22,13 @@ import numpy as np
 DTYPES = {"float32": "float", "float64": "double"}
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
 LAYOUTS = ("NCHW", "NHWC")
+# Algorithm families: each has its templates in templates/<family>/ and an entry in the planner.
+FAMILIES = ("direct",)
 # Window values become C literals and int64 factors of sizes: bounded, they cannot overflow.
 MAX_WINDOW_VALUE = 2 ** 31 - 1
 
 
-def _as_int(name: str, value, minimum: int) -> int:
+def as_int(name: str, value, minimum: int = 1) -> int:
     """`value` as a Python int in [minimum, MAX_WINDOW_VALUE], or a ValueError/TypeError naming `name`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
@@ -38,12 +40,6 @@ def _as_int(name: str, value, minimum: int) -> int:
     return value
 
 
-def _as_positive_int(name: str, value) -> int:
-    return _as_int(name, value, 1)
-
-
-def _as_nonnegative_int(name: str, value) -> int:
-    return _as_int(name, value, 0)
 
 
 def as_pair(name: str, value, minimum: int = 1) -> tuple[int, int]:
@@ -51,8 +47,8 @@ def as_pair(name: str, value, minimum: int = 1) -> tuple[int, int]:
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
-        return (_as_int(f"{name}[0]", value[0], minimum), _as_int(f"{name}[1]", value[1], minimum))
-    v = _as_int(name, value, minimum)
+        return (as_int(f"{name}[0]", value[0], minimum), as_int(f"{name}[1]", value[1], minimum))
+    v = as_int(name, value, minimum)
     return (v, v)
 
 
@@ -74,13 +70,13 @@ def explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]] | str:
             if isinstance(item, (tuple, list)):
                 if len(item) != 2:
                     raise ValueError(f"padding for {axis} must be an int or a (before, after) pair; got {item!r}")
-                sides.append((_as_nonnegative_int(f"padding[{axis}][0]", item[0]),
-                              _as_nonnegative_int(f"padding[{axis}][1]", item[1])))
+                sides.append((as_int(f"padding[{axis}][0]", item[0], 0),
+                              as_int(f"padding[{axis}][1]", item[1], 0)))
             else:
-                v = _as_nonnegative_int(f"padding[{axis}]", item)
+                v = as_int(f"padding[{axis}]", item, 0)
                 sides.append((v, v))
         return (sides[0], sides[1])
-    v = _as_nonnegative_int("padding", padding)
+    v = as_int("padding", padding, 0)
     return ((v, v), (v, v))
 
 
@@ -89,6 +85,23 @@ def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
     out = -(-size // s)
     total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
     return (total // 2, total - total // 2)
+
+
+def cached_hash(self) -> int:
+    """`__hash__` of a frozen dataclass that keys hot dictionaries: the fields' hash, computed once.
+
+    A class opts in with `__hash__ = cached_hash` and `__getstate__ = state_without_hash` in its body
+    (a pickled hash would be wrong in another process, where strings hash differently).
+    """
+    try:
+        return self.__dict__["_hash"]
+    except KeyError:
+        value = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        return value
+
+
+def state_without_hash(self) -> dict:
+    return {name: value for name, value in self.__dict__.items() if name != "_hash"}
 
 
 _WINDOW_TEXT = re.compile(
@@ -110,6 +123,9 @@ class Window:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
+
+    __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         object.__setattr__(self, "kernel", as_pair("kernel_size", self.kernel))
@@ -206,23 +222,19 @@ class Window:
         return cls(pair(g["kh"], g["kw"], 1), pair(g["sh"], g["sw"], 1), ((pt, pb), (pl, pr)),
                    pair(g["dh"], g["dw"], 1))
 
-    def tag(self) -> str:
-        """Compact readable name, e.g. k3x3_s2x2_p1x1_d1x1 (asymmetric padding: p0_1x1_1)."""
-        (pt, pb), (pl, pr) = self.padding
-        pad = f"p{pt}x{pl}" if (pt, pl) == (pb, pr) else f"p{pt}_{pb}x{pl}_{pr}"
-        kh, kw = self.kernel
-        sh, sw = self.stride
-        dh, dw = self.dilation
-        return f"k{kh}x{kw}_s{sh}x{sw}_{pad}_d{dh}x{dw}"
-
 
 @dataclasses.dataclass(frozen=True)
 class ConvSpec:
-    """One kernel module: a window (None for the generic build), a dtype and a layout."""
+    """One kernel module: a window (None for the generic build), a dtype, a layout and the
+    algorithm family whose templates (templates/<family>/) it is rendered from."""
 
     window: Window | None
     dtype: str = "float32"
     layout: str = "NCHW"
+    family: str = "direct"
+
+    __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         if self.window is not None and not isinstance(self.window, Window):
@@ -235,13 +247,15 @@ class ConvSpec:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {self.layout!r}")
         object.__setattr__(self, "layout", layout)
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
 
     @classmethod
-    def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW") -> "ConvSpec":
+    def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW", family: str = "direct") -> "ConvSpec":
         """A spec from the compact window text ("k3s2p1"), or "generic" for the generic build."""
         if isinstance(text, str) and text.strip().lower() == "generic":
-            return cls(None, dtype, layout)
-        return cls(Window.parse(text), dtype, layout)
+            return cls(None, dtype, layout, family)
+        return cls(Window.parse(text), dtype, layout, family)
 
     def short(self) -> str:
         """The compact form: the window text ("k3s2p1") or "generic"."""
@@ -256,16 +270,35 @@ class ConvSpec:
         return DTYPES[self.dtype]
 
     def generic(self) -> "ConvSpec":
-        """The generic spec of the same dtype and layout."""
-        return ConvSpec(None, self.dtype, self.layout)
+        """The generic spec of the same dtype, layout and family."""
+        return dataclasses.replace(self, window=None)
 
-    def symbol(self, op: str) -> str:
-        """The C symbol of one op of this spec, e.g. cg_conv2d_fwd_k3x3_s1x1_p1x1_d1x1_nchw_f32."""
-        shape = self.window.tag() if self.window is not None else "generic"
-        return f"cg_conv2d_{op}_{shape}_{self.layout.lower()}_{DTYPE_SUFFIX[self.dtype]}"
+    @property
+    def name(self) -> str:
+        """The spec's one text form, also a C identifier: window text (or "generic"), layout, dtype,
+        e.g. k3s2p1_nchw_float32. Symbols, file names and messages all use it."""
+        family = "" if self.family == "direct" else f"_{self.family}"
+        return f"{self.short()}{family}_{self.layout.lower()}_{self.dtype}"
+
+    def symbol(self, entry: str) -> str:
+        """The C symbol of one entry point of this spec's module, e.g. cg_conv2d_fwd_k3s1p1_nchw_float32."""
+        return f"cg_conv2d_{entry}_{self.name}"
+
+    @classmethod
+    def from_symbol(cls, symbol: str) -> "ConvSpec":
+        """The spec whose module exports `symbol` (the inverse of `symbol`); ValueError if none does."""
+        match = _SYMBOL.fullmatch(symbol) if isinstance(symbol, str) else None
+        if match is None:
+            raise ValueError(f"{symbol!r} is not the symbol of a convgen entry point")
+        family = match.group("family") or "direct"
+        return cls.parse(match.group("window"), match.group("dtype"), match.group("layout").upper(), family)
 
     def __str__(self) -> str:
-        return self.symbol("kernels").replace("cg_conv2d_kernels_", "")
+        return self.name
+
+
+_SYMBOL = re.compile(r"cg_conv2d_[a-z]+(?:_[a-z]+)*?_(?P<window>generic|k[0-9x_spd]+?)"
+                     r"(?:_(?P<family>[a-z]+[0-9]*))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
 
 
 def conv_flops(n: int, f: int, c_per_group: int, kernel: tuple[int, int], out_hw: tuple[int, int]) -> int:
@@ -277,4 +310,5 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "as_pair", "explicit_padding", "conv_flops", "ceil_div"]
+__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "FAMILIES", "as_int", "as_pair", "explicit_padding",
+           "conv_flops", "ceil_div"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import convgen
-from convgen import kernels, ops, reference
+from convgen import kernels, reference
 from convgen.spec import Window
 from grid import FORWARD_WINDOWS, GRADIENT_WINDOWS
 
@@ -64,8 +64,7 @@ def test_threads_calling_kernels_at_once_match_serial(monkeypatch):
     tasks = _tasks()
     serial = [_run(task) for task in tasks]
     # Every thread must also find its modules afresh: first loads race through the same lock.
-    monkeypatch.setattr(kernels, "_loaded", {})
-    monkeypatch.setattr(ops, "_PLANS", {})
+    kernels.reset()
     start = threading.Barrier(THREADS)
 
     def worker(offset):
@@ -145,8 +144,7 @@ def test_processes_building_one_new_spec_at_once(tmp_path, monkeypatch):
     assert list(results[0]["shape"]) == list(expected.shape)
     # the children's result, recomputed here from the module they built, matches the reference
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(cache))
-    monkeypatch.setattr(kernels, "_loaded", {})
-    monkeypatch.setattr(ops, "_PLANS", {})
+    kernels.reset()
     y = convgen.conv2d(x, w, stride=(3, 2), padding=((1, 0), (2, 1)), dilation=(2, 1))
     assert hashlib.sha256(y.tobytes()).hexdigest() == results[0]["digest"]
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)

@@ -54,8 +54,25 @@ def test_generic_source_loops_over_the_window(schedule):
 
 def test_symbols_name_the_window_layout_and_dtype():
     spec = ConvSpec(Window(3, 2, 1), "float32", "NCHW")
-    assert spec.symbol("fwd") == "cg_conv2d_fwd_k3x3_s2x2_p1x1_d1x1_nchw_f32"
-    assert ConvSpec(None, "float64", "NHWC").symbol("fwd") == "cg_conv2d_fwd_generic_nhwc_f64"
+    assert spec.name == "k3s2p1_nchw_float32" == str(spec)
+    assert spec.symbol("fwd") == "cg_conv2d_fwd_k3s2p1_nchw_float32"
+    assert ConvSpec(None, "float64", "NHWC").symbol("bwd_weight") == "cg_conv2d_bwd_weight_generic_nhwc_float64"
+
+
+@pytest.mark.parametrize("text", ["k3s1p1", "k3x5s2x1p0_1x2_3d2x1", "k1", "k11s4p2d3", "generic"])
+@pytest.mark.parametrize("entry", ["fwd", "bwd_data", "bwd_weight", "workspace", "threads"])
+def test_from_symbol_reads_back_every_symbol(text, entry):
+    for dtype in ("float32", "float64"):
+        for layout in ("NCHW", "NHWC"):
+            spec = ConvSpec.parse(text, dtype, layout)
+            assert ConvSpec.from_symbol(spec.symbol(entry)) == spec
+
+
+@pytest.mark.parametrize("bad", ["cg_conv2d_fwd_k3s1p1_nchw", "cg_conv2d_fwd_k3s1p1_ncwh_float32", "conv2d_k3s1p1",
+                                 "cg_conv2d_fwd_banana_nchw_float32", 42])
+def test_from_symbol_refuses_what_no_module_exports(bad):
+    with pytest.raises(ValueError, match="is not the symbol of a convgen entry point"):
+        ConvSpec.from_symbol(bad)
 
 
 def test_both_variants_come_from_the_same_template(schedule):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import ops, reference
+from convgen import reference, resolve
+from convgen.spec import ConvSpec
 from helpers import assert_close
 
 OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
@@ -265,17 +266,17 @@ def test_workspace_beyond_memory_is_refused(monkeypatch, specialize):
     """The kernels' own workspace is checked against the machine's memory before the call: with
     the memory limit one byte below what the kernel asks for, the call is refused; at it, it runs."""
     x, w = np.ones((1, 64, 1, 1)), np.ones((64, 64, 1, 1))
-    geometry = ops._conv2d_geometry(x, w, 1, 0, 1, 1, "NCHW")
-    kernel_call = ops._Call(ops._spec(geometry[0], x.dtype, "NCHW", specialize), *geometry)
-    monkeypatch.setattr(ops, "_WORKSPACE_QUERY_BYTES", 0)
-    for op, number in (("conv2d", ops._FORWARD), ("conv2d_backward", ops._BACKWARD_WEIGHT)):
-        needed = kernel_call.workspace_bytes(number)
+    problem = resolve.conv_problem(x.shape, w.shape, x.dtype, 1, 0, 1, 1, "NCHW")
+    kernels = convgen.get_kernels(ConvSpec(problem.window if specialize else None, "float64"))
+    monkeypatch.setattr(resolve.LIMITS, "workspace_query_bytes", 0)
+    for op, entries in (("conv2d", ("fwd",)), ("conv2d_backward", ("bwd_data", "bwd_weight"))):
+        needed = max(kernels.workspace_bytes(entry, problem) for entry in entries)
         assert needed > x.nbytes + w.nbytes, "the workspace must be the largest allocation for this test to mean anything"
         arrays = {"x": x, "w": w} if op == "conv2d" else {"dy": x, "x": x, "w": w}
-        monkeypatch.setattr(ops, "_MEMORY_BYTES", needed - 1)
+        monkeypatch.setattr(resolve.LIMITS, "memory_bytes", needed - 1)
         with pytest.raises(ValueError, match=rf"{op} would need a workspace of {needed} bytes .*\(64, 64, 1, 1\)"):
             call(op, arrays, dict(specialize=specialize))
-        monkeypatch.setattr(ops, "_MEMORY_BYTES", needed)
+        monkeypatch.setattr(resolve.LIMITS, "memory_bytes", needed)
         check_against_reference(op, call(op, arrays, dict(specialize=specialize)), arrays, {})
 
 
@@ -448,7 +449,7 @@ def test_nan_and_inf_propagate_as_ieee_says(op, poisoned, specialize):
 # --------------------------------------------------------------------- what reaches the C source
 def test_only_validated_integers_and_fixed_names_reach_the_c_source():
     """Every template value is an int, a bool, a string of digits, a fixed table entry, or a field name."""
-    from convgen import render
+    from convgen import abi, render
     from convgen.kernels import settings
     from convgen.spec import DTYPES, LAYOUTS, ConvSpec, Window
 
@@ -467,7 +468,7 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
                         or (value.startswith("g->") and value[3:].isidentifier()))
             return type(value) in (int, bool)
 
-        symbols = {spec.symbol(op) for op in render.OPS}
+        symbols = {spec.symbol(op) for op in abi.ENTRY_POINTS} | set(abi.signatures(spec).values())
         for key, value in context.items():
             assert allowed(value), f"template value {key}={value!r} ({type(value).__name__})"
     for bad in (dict(kernel=(3.0, 3)), dict(kernel=(3, 3), stride=True), dict(kernel="3"),

@@ -1,0 +1,97 @@
+"""The C calling convention of a kernel module, declared once.
+
+Every module exports the entry points below, each named `ConvSpec.symbol(entry)`. From this one
+declaration come the C signatures the templates define (`signatures`), the cffi cdef (`cdef`), the
+prototypes of an exported header, and the size arguments Python passes (`size_arguments`), so the
+order of the int64 arguments, invisible to cffi if two were swapped, is written in one place.
+
+All entry points take the sizes of the forward convolution (x (n, c, h, w) -> y (n, f, ho, wo), in
+`SIZE_PARAMS` order), then, in the generic build only, the window (`WINDOW_PARAMS`), then the most
+threads the call may use. A transposed convolution is run as the input gradient of the
+convolution from its output back to its input (`Problem.conv()`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .problem import Problem
+from .spec import ConvSpec
+
+SIZE_PARAMS = ("n", "c", "h", "w", "f", "ho", "wo", "groups")
+WINDOW_PARAMS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw")
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryPoint:
+    """One exported C function: its return type and the parameters before the sizes.
+
+    `arrays` are (C type, name) pairs with "real" standing for the element type; `op` is True for
+    the queries that take an op id (OP_IDS) first.
+    """
+
+    name: str
+    returns: str
+    arrays: tuple[tuple[str, str], ...] = ()
+    op: bool = False
+
+
+ENTRY_POINTS = {
+    entry.name: entry for entry in (
+        # y = conv2d(x, weight) + bias (bias may be NULL); returns 0, or 1 if its workspace could not be allocated.
+        EntryPoint("fwd", "int", (("const real *", "x"), ("const real *", "weight"), ("const real *", "bias"),
+                                  ("real *", "y"))),
+        # dx = conv2d's input gradient given dy (also conv_transpose2d of dy); returns 0 or 1.
+        EntryPoint("bwd_data", "int", (("const real *", "dy"), ("const real *", "weight"), ("real *", "dx"))),
+        # dweight = conv2d's weight gradient given dy and x; returns 0 or 1.
+        EntryPoint("bwd_weight", "int", (("const real *", "dy"), ("const real *", "x"), ("real *", "dweight"))),
+        # Bytes of workspace the kernel of op `op` allocates for these sizes.
+        EntryPoint("workspace", "int64_t", op=True),
+        # Threads the kernel of op `op` runs on for these sizes (at most nthreads).
+        EntryPoint("threads", "int", op=True),
+    )
+}
+
+# The op ids of the queries: which kernel a workspace or thread-count question is about.
+OP_IDS = {"fwd": 0, "bwd_data": 1, "bwd_weight": 2}
+
+
+def parameters(entry: EntryPoint, spec: ConvSpec) -> list[str]:
+    """The C parameter list of `entry` in the module of `spec`, one "type name" string each."""
+    params = ["int op"] if entry.op else []
+    params += [f"{ctype.replace('real', spec.c_type)}{name}" if ctype.endswith("*") else f"{ctype} {name}"
+               for ctype, name in entry.arrays]
+    params += [f"int64_t {name}" for name in SIZE_PARAMS]
+    if not spec.specialized:
+        params += [f"int64_t {name}" for name in WINDOW_PARAMS]
+    return params + ["int nthreads"]
+
+
+def signature(entry: EntryPoint, spec: ConvSpec) -> str:
+    """`entry`'s C declarator in the module of `spec`, e.g. `int cg_conv2d_fwd_...(const float *x, ...)`."""
+    return f"{entry.returns} {spec.symbol(entry.name)}({', '.join(parameters(entry, spec))})"
+
+
+def signatures(spec: ConvSpec) -> dict[str, str]:
+    """Every entry point's C declarator, by entry name (what the templates define)."""
+    return {name: signature(entry, spec) for name, entry in ENTRY_POINTS.items()}
+
+
+def cdef(spec: ConvSpec) -> str:
+    """The cffi declarations of a module of `spec` (also the prototypes of its exported header)."""
+    return "".join(f"{text};\n" for text in signatures(spec).values())
+
+
+def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
+    """The size (and, generic, window) arguments of every entry point for `problem`, before nthreads."""
+    conv = problem.conv()
+    values = tuple(getattr(conv, name) for name in SIZE_PARAMS)
+    if specialized:
+        return values
+    window = conv.window
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    return values + (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw)
+
+
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature",
+           "signatures", "cdef", "size_arguments"]
