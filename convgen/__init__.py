@@ -6,7 +6,7 @@ Every kernel exists specialized (parameters are compile-time constants) and gene
 with the parameters as run-time arguments).
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .cache import CacheError, cache_clear, cache_info
 from .build import BuildError

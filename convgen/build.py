@@ -3,18 +3,16 @@
 cffi writes the C wrapper (`emit_c_code`); the system compiler is then called directly, so its
 command line is exactly the flags in the cache key and its own error message reaches the user.
 Everything a built module depends on besides its rendered source is named here: the compiler and
-what `-march=native` means to it on this machine (`Toolchain`), the flags, and the interpreter,
-platform and cffi version (`python_abi`). All of it goes into the cache key.
+what `-march=native` means to it on this machine (`Toolchain`, from toolchain.py), the flags, and
+the interpreter, platform and cffi version (`python_abi`). All of it goes into the cache key.
+The module is written into the build directory the cache hands out (cache.py publishes it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,18 +22,12 @@ import cffi
 from cffi.recompiler import make_c_source
 
 from .render import Rendered
+from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler
 
 DEFAULT_CFLAGS = ("-O3",)
 # Added to every build, after the user's flags: OpenMP, a position-independent shared object, and
 # no type-based alias analysis (the kernels view one buffer through several pointer types).
 FIXED_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-fno-strict-aliasing")
-INSTALL_HINT = ("convgen compiles its kernels at run time and needs a C compiler with OpenMP: install gcc "
-                "(Debian/Ubuntu: `apt-get install gcc`; Fedora: `dnf install gcc`; macOS: `brew install gcc`), "
-                "or set CC to a compiler's path")
-
-
-class BuildError(RuntimeError):
-    """The C compiler is missing or rejected a kernel module."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,49 +41,6 @@ class Toolchain:
     @property
     def python_include(self) -> str:
         return sysconfig.get_paths()["include"]
-
-
-def find_compiler() -> str:
-    """CC if set (it must exist), else the compiler Python was built with, else cc/gcc/clang on PATH."""
-    if os.environ.get("CC"):
-        name = shlex.split(os.environ["CC"])[0]
-        path = shutil.which(name)
-        if path is None:
-            raise BuildError(f"CC={os.environ['CC']!r} names no compiler on PATH; {INSTALL_HINT}")
-        return os.path.realpath(path)
-    candidates = []
-    configured = sysconfig.get_config_var("CC")
-    if configured:
-        candidates.append(shlex.split(configured)[0])
-    candidates += ["cc", "gcc", "clang"]
-    for name in candidates:
-        path = shutil.which(name)
-        if path:
-            return os.path.realpath(path)
-    raise BuildError(f"no C compiler found on PATH ({', '.join(dict.fromkeys(candidates))} tried): {INSTALL_HINT}")
-
-
-def _compiler_env() -> dict:
-    """The environment the compiler runs in: this one, minus a preloaded sanitizer runtime (which
-    `make sanitize` gives the Python process, and which the compiler itself has no use for)."""
-    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-
-
-@functools.lru_cache(maxsize=None)
-def compiler_version(compiler: str) -> str:
-    """The compiler's identity as far as its output is concerned: its version line, and a digest of
-    the macros it predefines under -march=native (two machines of one ISA family can differ there,
-    and a binary built for the richer one would die of an illegal instruction on the other)."""
-    try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60,
-                             env=_compiler_env())
-        native = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull],
-                                capture_output=True, text=True, timeout=60, env=_compiler_env())
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BuildError(f"cannot run the C compiler {compiler}: {exc}") from exc
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    macros = "\n".join(sorted(native.stdout.splitlines())) if native.returncode == 0 else "no -march=native"
-    return f"{lines[0] if lines else 'unknown'} [native {hashlib.sha256(macros.encode()).hexdigest()[:16]}]"
 
 
 def default_toolchain() -> Toolchain:
@@ -150,7 +99,7 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     write_wrapper(module_name, rendered, c_path)
     command = compile_command(toolchain, rendered, c_path, so_path)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_compiler_env())
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=compiler_env())
     except OSError as exc:
         raise BuildError(f"cannot run the C compiler {toolchain.compiler}: {exc}; {INSTALL_HINT}") from exc
     except subprocess.TimeoutExpired as exc:

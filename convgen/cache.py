@@ -1,4 +1,7 @@
-"""The on-disk cache of built kernel modules: the only module that touches the disk.
+"""The on-disk cache of built kernel modules: where it is, what a module is called, and how one is
+built, published, loaded, listed and cleared there. Every path inside the cache directory comes
+from here. The other writers: build.py (a module's C and binary, into the private build directory
+handed to it from here) and export.py and the CLI (rendered and exported C, where the user asks).
 
 A module is named after a hash of everything that changes its binary, so a changed template,
 compiler, flag, schedule or interpreter can never load an old binary. Builds happen in a private
@@ -81,12 +84,12 @@ def module_name(key: str) -> str:
     return MODULE_PREFIX + key[:32]
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _import_extension(name: str, path: Path):
+def import_extension(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -127,12 +130,12 @@ def _try_load(name: str, so_path: Path, digest_path: Path):
         _check_private_file(so_path)
         _check_private_file(digest_path)
         recorded = digest_path.read_text().strip()
-        actual = _file_digest(so_path)
+        actual = file_digest(so_path)
     except OSError as exc:
         raise ImportError(f"cannot read {so_path.name} or its digest: {exc}") from exc
     if recorded != actual:
         raise ImportError(f"{so_path.name} does not match its recorded digest (truncated or modified)")
-    return _import_extension(name, so_path)
+    return import_extension(name, so_path)
 
 
 def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_path: Path, digest_path: Path):
@@ -149,7 +152,7 @@ def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_
     try:
         built = build(name, build_dir)
         digest = build_dir / "digest"
-        digest.write_text(_file_digest(built) + "\n")
+        digest.write_text(file_digest(built) + "\n")
         # Private whatever the umask: a group-writable module would be refused by the next load.
         os.chmod(built, 0o700)
         os.chmod(digest, 0o600)
@@ -185,16 +188,21 @@ def load_or_build(key: str, build: Callable[[str, Path], Path]):
                           RuntimeWarning, stacklevel=3)
         _publish(build, name, directory, so_path, digest_path)
         try:
-            return _import_extension(name, so_path), True
+            return import_extension(name, so_path), True
         except ImportError as exc:
             raise BuildError(f"the kernel module {so_path.name} was built but cannot be loaded: {exc}") from exc
 
 
+def list_modules() -> list[Path]:
+    """The published kernel modules in the cache, sorted by file name (none if it does not exist yet)."""
+    directory = cache_dir()
+    return sorted(directory.glob(f"{MODULE_PREFIX}*{extension_suffix()}")) if directory.is_dir() else []
+
+
 def cache_info() -> dict:
     """Where the cache is, how many modules it holds and their total size in bytes."""
-    directory = cache_dir()
-    modules = sorted(directory.glob(f"{MODULE_PREFIX}*{extension_suffix()}")) if directory.is_dir() else []
-    return {"dir": str(directory), "modules": len(modules), "bytes": sum(p.stat().st_size for p in modules)}
+    modules = list_modules()
+    return {"dir": str(cache_dir()), "modules": len(modules), "bytes": sum(p.stat().st_size for p in modules)}
 
 
 def _building(directory: Path, name: str) -> bool:
@@ -219,16 +227,16 @@ def cache_clear() -> int:
     directory = cache_dir()
     if not directory.is_dir():
         return 0
-    removed = 0
+    modules, removed = set(list_modules()), 0
     busy = {path.name.split(".")[0] for path in directory.glob(f"{MODULE_PREFIX}*.lock")
             if _building(directory, path.name.split(".")[0])}
-    for path in directory.glob(f"{MODULE_PREFIX}*"):
+    for path in directory.glob(f"{MODULE_PREFIX}*"):  # modules, their digests and locks, build directories
         if path.name.split(".")[0] in busy and (path.is_dir() or path.suffix == ".lock"):
             continue
         if path.is_dir():  # the temporary directory of a build that was killed
             shutil.rmtree(path, ignore_errors=True)
             continue
-        if path.name.endswith(extension_suffix()):
+        if path in modules:
             removed += 1
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

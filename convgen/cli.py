@@ -16,7 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
+from .schedule import ISAS
 from .spec import DTYPES, LAYOUTS, ConvSpec, Window
 
 DEFAULT_SPEC_FILE = "kernels.toml"
@@ -79,6 +80,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _label(spec: ConvSpec) -> str:
+    """A spec as the CLI prints it: "k3s2p1 float32 NCHW", "generic float64 NHWC" (and a family other than direct)."""
+    family = [] if spec.family == "direct" else [spec.family]
+    return " ".join([spec.short(), *family, spec.dtype, spec.layout])
+
+
 def _spec_from_args(args) -> ConvSpec:
     spec = ConvSpec.parse(args.spec, args.dtype, args.layout)
     return spec.generic() if args.generic else spec
@@ -110,7 +117,7 @@ def cmd_build(args) -> int:
         if key == "failed":
             failures.append((spec, outcome))
         done = sum(counts.values())
-        label = f"{spec.short()} {spec.dtype} {spec.layout}"
+        label = _label(spec)
         if live:  # redraw one line on a terminal; a log gets one line per kernel
             bar = "#" * (30 * done // len(specs))
             print(f"\r[{bar:<30}] {done}/{len(specs)} {label}".ljust(78), end="", flush=True, file=sys.stderr)
@@ -122,7 +129,7 @@ def cmd_build(args) -> int:
     if live:
         print(file=sys.stderr)
     for spec, exc in failures:
-        print(f"failed: {spec.short()} {spec.dtype} {spec.layout}: {exc}", file=sys.stderr)
+        print(f"failed: {_label(spec)}: {exc}", file=sys.stderr)
     print(f"{len(specs)} kernel modules: {counts['built']} built, {counts['cached']} already cached, "
           f"{counts['failed']} failed ({time.perf_counter() - start:.1f} s)")
     return EXIT_FAILURE if failures else EXIT_OK
@@ -201,38 +208,22 @@ def cmd_compare(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------ cache
-_TAG = re.compile(rb"cg_conv2d_fwd_([a-z0-9_]+?)\x00")
-_WINDOW_TAG = re.compile(r"k(\d+)x(\d+)_s(\d+)x(\d+)_p(\d+)(?:_(\d+))?x(\d+)(?:_(\d+))?_d(\d+)x(\d+)_(nchw|nhwc)_(f32|f64)")
-_DTYPE_OF_SUFFIX = {"f32": "float32", "f64": "float64"}
+# A module's forward entry point, as cffi keeps its name in the binary (ConvSpec.symbol("fwd")).
+_FORWARD_SYMBOL = re.compile(rb"cg_conv2d_fwd_\w+")
 
 
-def _module_label(path: Path) -> str:
+def module_label(path: Path) -> str:
     """Which spec a cached module holds, read from the C symbol names cffi keeps in the binary."""
     try:
-        found = _TAG.search(path.read_bytes())
+        data = path.read_bytes()
     except OSError:
         return "?"
-    if not found:
-        return "?"
-    tag = found.group(1).decode()
-    generic = re.fullmatch(r"generic_(nchw|nhwc)_(f32|f64)", tag)
-    if generic:
-        return f"generic {_DTYPE_OF_SUFFIX[generic.group(2)]} {generic.group(1).upper()}"
-    window = _WINDOW_TAG.fullmatch(tag)
-    if not window:
-        return tag
-    kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, layout, dtype = window.groups()
-    pb, pr = pb or pt, pr or pl
-    text = Window((int(kh), int(kw)), (int(sh), int(sw)), ((int(pt), int(pb)), (int(pl), int(pr))),
-                  (int(dh), int(dw))).short()
-    return f"{text} {_DTYPE_OF_SUFFIX[dtype]} {layout.upper()}"
-
-
-def _cached_modules() -> list[Path]:
-    from .build import extension_suffix
-    from .cache import MODULE_PREFIX, cache_dir
-    directory = cache_dir()
-    return sorted(directory.glob(f"{MODULE_PREFIX}*{extension_suffix()}")) if directory.is_dir() else []
+    for found in _FORWARD_SYMBOL.finditer(data):
+        try:
+            return _label(ConvSpec.from_symbol(found.group().decode()))
+        except ValueError:
+            continue
+    return "?"
 
 
 def _size(n: int) -> str:
@@ -240,14 +231,14 @@ def _size(n: int) -> str:
 
 
 def cmd_cache(args) -> int:
-    from .cache import cache_clear, cache_info
+    from .cache import cache_clear, cache_info, list_modules
     info = cache_info()
     if args.action == "info":
         print(f"directory: {info['dir']}{'' if Path(info['dir']).is_dir() else ' (not created yet)'}")
         print(f"modules:   {info['modules']} ({_size(info['bytes'])})")
         print("moved by:  CONVGEN_CACHE_DIR (default $XDG_CACHE_HOME/convgen or ~/.cache/convgen)")
     elif args.action == "list":
-        modules = _cached_modules()
+        modules = list_modules()
         if not modules:
             print(f"no cached kernel modules in {info['dir']}")
             return EXIT_OK
@@ -255,7 +246,7 @@ def cmd_cache(args) -> int:
         for path in modules:
             st = path.stat()
             when = datetime.datetime.fromtimestamp(st.st_mtime).strftime("%Y-%m-%d %H:%M:%S")
-            rows.append((_module_label(path), _size(st.st_size), when, path.name))
+            rows.append((module_label(path), _size(st.st_size), when, path.name))
         width = max(len("kernels"), *(len(row[0]) for row in rows))
         print(f"{'kernels':<{width}} {'size':>9}  {'modified':<19}  file")
         for label, size, when, name in sorted(rows):
@@ -275,7 +266,7 @@ def _add_spec_options(p, generic_help: str) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
     p.add_argument("--layout", default="NCHW", type=str.upper, choices=LAYOUTS, help="data layout (default NCHW)")
     p.add_argument("--generic", action="store_true", help=generic_help)
-    p.add_argument("--isa", choices=("avx512", "avx2", "portable"),
+    p.add_argument("--isa", choices=ISAS,
                    help="render for this instruction set (default: CONVGEN_ISA, else the best this machine runs)")
 
 

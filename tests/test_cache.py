@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import build, cache, kernels, ops, reference, render
+from convgen import build, cache, kernels, reference, render
 from convgen.spec import ConvSpec, Window
 
 SESSION_CACHE = Path(os.environ["CONVGEN_CACHE_DIR"])  # set by conftest before any test runs
@@ -32,9 +32,9 @@ def private_cache(tmp_path, monkeypatch):
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(directory))
-    monkeypatch.setattr(kernels, "_loaded", {})
-    monkeypatch.setattr(ops, "_PLANS", {})  # validated calls remember their loaded kernels too
-    return directory
+    kernels.reset()
+    yield directory
+    kernels.reset()  # nothing loaded from this directory outlives the test
 
 
 def module_paths(spec, directory):
@@ -53,8 +53,11 @@ def seed(spec, directory):
 
 def load(spec):
     """(Kernels, built) for `spec`, from disk: nothing kept from earlier loads in this process."""
-    kernels._loaded.clear()
-    return kernels._load(spec, kernels.settings())
+    kernels.reset()
+    outcome = kernels.build_all([spec])[spec]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return kernels.get_kernels(spec), outcome == "built"
 
 
 def check_conv(spec):
@@ -106,12 +109,12 @@ def test_cache_dir_is_created_private_whatever_the_umask(tmp_path, monkeypatch):
 def imports(monkeypatch):
     """Every module file the cache imports, in order."""
     seen = []
-    real = cache._import_extension
+    real = cache.import_extension
 
     def recording(name, path):
         seen.append(Path(path))
         return real(name, path)
-    monkeypatch.setattr(cache, "_import_extension", recording)
+    monkeypatch.setattr(cache, "import_extension", recording)
     return seen
 
 
@@ -169,12 +172,12 @@ def test_damaged_module_is_rebuilt_with_a_warning(private_cache, imports, damage
         so_path.write_bytes(data[: len(data) // 3])
     elif damage == "garbage-with-matching-digest":
         so_path.write_bytes(b"\x7fELF" + bytes(range(256)) * 16)
-        digest_path.write_text(cache._file_digest(so_path))
+        digest_path.write_text(cache.file_digest(so_path))
     elif damage == "foreign-elf-with-matching-digest":
         # An ELF header for another machine (e_machine = 0xB7, AArch64): what a cache copied from
         # another architecture would hold. The loader refuses it; convgen must rebuild, not crash.
         so_path.write_bytes(data[:18] + (0xB7).to_bytes(2, "little") + data[20:])
-        digest_path.write_text(cache._file_digest(so_path))
+        digest_path.write_text(cache.file_digest(so_path))
     elif damage == "digest-missing":
         digest_path.unlink()
     else:
@@ -182,7 +185,7 @@ def test_damaged_module_is_rebuilt_with_a_warning(private_cache, imports, damage
     with pytest.warns(RuntimeWarning, match=rf"rebuilding the damaged cached kernel module {so_path.name}"):
         _, built = load(SPEC)
     assert built
-    assert cache._file_digest(so_path) == digest_path.read_text().strip()
+    assert cache.file_digest(so_path) == digest_path.read_text().strip()
     check_conv(SPEC)
     _, built_again = load(SPEC)  # now intact: loaded, not rebuilt
     assert not built_again
@@ -261,29 +264,29 @@ def test_key_parts_cannot_run_together():
     assert cache.module_key("a", "") != cache.module_key("a")
 
 
-def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path, monkeypatch):
-    """Copy the templates, add a function to the copy, and load SPEC again: the module must be a new
-    build that has the function (an old binary could not)."""
+def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path):
+    """Copy the templates, edit the copy, and load SPEC with it: the module must be a new build whose
+    source has the edit (an old binary could not), beside the old module."""
     seed(SPEC, private_cache)
     original, built = load(SPEC)
     assert not built
     edited = tmp_path / "templates"
     shutil.copytree(render.TEMPLATE_DIR, edited)
-    with open(edited / "conv.c.j2", "a") as source:
-        source.write("\nint cg_template_edit_probe(void) { return 20240611; }\n")
-    with open(edited / "conv.cdef.j2", "a") as cdef:
-        cdef.write("\nint cg_template_edit_probe(void);\n")
-    monkeypatch.setattr(render, "TEMPLATE_DIR", edited)
-    render._environment.cache_clear()
-    try:
+    probe = "/* an edit to the direct family's module template */"
+    module = edited / SPEC.family / "module.c.j2"
+    module.write_text(module.read_text() + "\n" + probe + "\n")
+    with convgen.configure(templates=edited):
         fresh, built = load(SPEC)
         assert built
-        assert fresh.lib.cg_template_edit_probe() == 20240611
-        assert not hasattr(original.lib, "cg_template_edit_probe")
+        assert probe in fresh.rendered.source and probe not in original.rendered.source
         check_conv(SPEC)
-    finally:
-        render._environment.cache_clear()
     assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
+
+
+def test_configure_refuses_a_templates_path_that_is_no_directory(tmp_path):
+    with pytest.raises(ValueError, match="templates must be a directory of convgen templates"):
+        with convgen.configure(templates=tmp_path / "missing"):
+            pass
 
 
 # ------------------------------------------------------------------------------- publication
@@ -397,14 +400,14 @@ def test_cache_info_of_a_missing_dir_creates_nothing(tmp_path, monkeypatch):
 def test_no_compiler_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no cc, gcc or clang
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(kernels, "_settings", None)
+    kernels.reset()  # settings are read afresh: the compiler is looked for on the new PATH
     with pytest.raises(convgen.BuildError, match=r"no C compiler found.*apt-get install gcc.*set CC"):
         convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
 
 
 def test_cc_naming_a_missing_compiler_is_reported(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/bin/cc-42 -O2")
-    monkeypatch.setattr(kernels, "_settings", None)
+    kernels.reset()  # settings are read afresh: CC names the compiler
     with pytest.raises(convgen.BuildError, match=r"CC='/nonexistent/bin/cc-42 -O2' names no compiler.*install gcc"):
         convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from convgen import reference
+from convgen.abi import ENTRY_POINTS
 from convgen.cli import make_parser
 from convgen.csource import extract
 from convgen.spec import ConvSpec, Window
@@ -136,6 +137,19 @@ def test_build_then_cache_info_list_clear(tmp_path):
     assert "modules:   0 " in convgen("cache", "info", env=env).stdout
 
 
+@pytest.mark.parametrize("spec", [ConvSpec.parse("k3x5s2p1x2d2", "float64", "NHWC"), ConvSpec(None, "float32", "NCHW")])
+def test_cache_list_reads_the_spec_from_the_modules_symbols(tmp_path, spec):
+    """`cache list` labels a module by the forward symbol cffi keeps in it (as strings in a binary)."""
+    from convgen.cli import module_label
+    module = tmp_path / "module.so"
+    module.write_bytes(b"\x7fELF\x00cg_conv2d_fwd_junk\x00_cffi_f_" + spec.symbol("fwd").encode() + b"\x00\x01"
+                       + spec.symbol("bwd_data").encode() + b"\x00")
+    assert module_label(module) == f"{spec.short()} {spec.dtype} {spec.layout}"
+    module.write_bytes(b"\x7fELF\x00cg_conv2d_bwd_data_k3s1p1_nchw_float32\x00")  # no forward entry point
+    assert module_label(module) == "?"
+    assert module_label(tmp_path / "missing.so") == "?"
+
+
 def test_build_reports_the_compilers_message_and_exits_1(tmp_path):
     kernels = spec_file(tmp_path / "two.toml", '[[set]]\nwindows = ["k3s1p1"]\n')  # k3s1p1 and generic
     env = {"CONVGEN_CACHE_DIR": str(tmp_path / "cache"), "CONVGEN_CFLAGS": "-O2 -fno-such-flag"}
@@ -173,7 +187,7 @@ def test_generate_renders_one_file_per_spec(tmp_path):
     assert files == ["conv2d_generic_nchw_float32.c", "conv2d_generic_nhwc_float32.c",
                      "conv2d_k3s2p1_nchw_float32.c", "conv2d_k3s2p1_nhwc_float32.c"]
     special = (out / "conv2d_k3s2p1_nhwc_float32.c").read_text()
-    assert "int cg_conv2d_fwd_k3x3_s2x2_p1x1_d1x1_nhwc_f32(" in special
+    assert f"int {ConvSpec.parse('k3s2p1', 'float32', 'NHWC').symbol('fwd')}(" in special
     assert "g->kh" in (out / "conv2d_generic_nhwc_float32.c").read_text() and "g->kh" not in special
 
 
@@ -186,7 +200,7 @@ def test_show_prints_the_whole_module():
     proc = convgen("show", "k3s2p1", "--dtype", "float64", "--layout", "nhwc")
     assert proc.returncode == 0 and proc.stderr == ""
     spec = ConvSpec.parse("k3s2p1", "float64", "NHWC")
-    assert _defined_functions(proc.stdout) == {spec.symbol(op) for op in ("fwd", "bwd_data", "bwd_weight", "workspace")}
+    assert _defined_functions(proc.stdout) == {spec.symbol(entry) for entry in ENTRY_POINTS}
     assert "typedef double real;" in proc.stdout
 
 
@@ -359,7 +373,7 @@ def exported(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr
         spec = ConvSpec.parse(text, dtype, layout)
         spec = spec.generic() if generic else spec
-        name = f"conv2d_{spec.short()}_{layout.lower()}_{dtype}"
+        name = f"conv2d_{spec.name}"
         assert proc.stdout.startswith(f"wrote {directory / name}.c and {directory / name}.h\n")
         window = Window.parse(text)
         (ho, wo) = window.output_size((H, W))
