@@ -16,6 +16,7 @@ setup: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet 'torch==2.13.0+cpu'
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(INSTALLED)
 

@@ -21,3 +21,13 @@ def prebuilt_kernels():
 
     failures = {spec: out for spec, out in convgen.build_all(all_specs()).items() if isinstance(out, Exception)}
     assert not failures, f"kernel builds failed: {failures}"
+
+
+@pytest.fixture
+def threads():
+    """Set the kernels' thread count for one test: threads(n). The previous count comes back after."""
+    import convgen
+
+    previous = convgen.num_threads()
+    yield convgen.set_num_threads
+    convgen.set_num_threads(previous)

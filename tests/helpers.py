@@ -1,8 +1,21 @@
-"""Shared test helpers: random arrays in either layout and tolerance checks against the reference."""
+"""Shared test helpers: seeded generators, random arrays in either layout, tolerance checks against the
+reference, and the thread counts the kernels plan for a call."""
+
+import zlib
 
 import numpy as np
 
+import convgen
+from convgen import planner
+from convgen.kernels import settings
+from convgen.problem import Problem
+
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
+
+
+def seeded_rng(*key):
+    """A generator seeded by `key` (the same in every run and process, unlike hash() of strings)."""
+    return np.random.default_rng(zlib.crc32(repr(tuple(str(k) for k in key)).encode()))
 
 
 def to_layout(x_nchw, w_oihw, layout, transposed=False):
@@ -48,3 +61,50 @@ def relative_error(a, b):
     """Largest absolute difference, relative to the larger of the two arrays' magnitudes."""
     scale = max(float(np.abs(a).max()), float(np.abs(b).max()), 1e-30)
     return float(np.abs(a - b).max()) / scale
+
+
+# ------------------------------------------------------------------------------------ threads
+# The kernel entry points each public op runs. A transposed convolution runs the kernels of the
+# convolution from its output back to its input: its output is that convolution's input gradient.
+OP_ENTRIES = {
+    "conv2d": ("fwd",),
+    "conv2d_backward": ("bwd_data", "bwd_weight"),
+    "conv_transpose2d": ("bwd_data",),
+    "conv_transpose2d_backward": ("fwd", "bwd_weight"),
+}
+
+
+def _nchw_dims(shape, layout):
+    n, a, b, c = shape
+    return (n, a, b, c) if layout == "NCHW" else (n, c, a, b)
+
+
+def call_problem(op, x, y, window, groups=1, layout="NCHW"):
+    """The Problem of one call of `op` whose input (x, or for a backward op the forward input) and
+    output (y, or dy) have these shapes: the call's own sizes, `transpose` for conv_transpose2d."""
+    n, c, h, w = _nchw_dims(np.shape(x), layout)
+    _, f, ho, wo = _nchw_dims(np.shape(y), layout)
+    return Problem(n, c, h, w, f, ho, wo, groups, window, np.dtype(x.dtype).name, layout,
+                   transpose=op.startswith("conv_transpose2d"))
+
+
+def kernels_for(problem, specialize=True):
+    """The kernels the ops pick for `problem` under the active settings."""
+    return convgen.get_kernels(planner.plan(problem, specialize, settings().schedule()).spec)
+
+
+def planned_threads(op, x, y, window, groups=1, layout="NCHW", specialize=True, nthreads=None):
+    """{entry: threads} the kernels the ops pick plan for each entry point `op` runs."""
+    problem = call_problem(op, x, y, window, groups, layout)
+    kernels = kernels_for(problem, specialize)
+    return {entry: kernels.threads(entry, problem, nthreads) for entry in OP_ENTRIES[op]}
+
+
+def assert_parallel(op, x, y, window, groups=1, layout="NCHW", specialize=True, at_least=2):
+    """Every entry point of `op` on these sizes runs on `at_least` threads: the call is big enough
+    that the kernels' planner does not fall back to one thread (it gives each thread ≥ 2 MFLOP)."""
+    threads = planned_threads(op, x, y, window, groups, layout, specialize)
+    assert all(t >= at_least for t in threads.values()), (
+        f"{op} {window.short()} {layout} x{np.shape(x)} -> {np.shape(y)}: planned threads {threads}, "
+        f"expected at least {at_least} each (convgen.num_threads() = {convgen.num_threads()})")
+    return threads

@@ -5,95 +5,18 @@ form; central-difference gradients of convgen's own ops; the seed talk's hand-ch
 example; and the adjoint identity <conv2d(x, w), y> = <x, conv_transpose2d(y, w)>.
 """
 
-import dataclasses
-import zlib
-
 import numpy as np
 import pytest
 
 import convgen
 from convgen import reference
-from convgen.spec import Window
-from grid import DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS
-from helpers import assert_close, numerical_gradient, relative_error, to_layout
+from grid import CONV_CASES, DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS, TRANSPOSE_CASES, Case
+from helpers import assert_close, numerical_gradient, relative_error, seeded_rng, to_layout
 
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One convolution: x is (n, c, h, w) in NCHW terms; f output channels.
-
-    For conv2d the weight is (f, c/groups, KH, KW); for conv_transpose2d c is C_in, f is C_out and
-    the weight is (c, f/groups, KH, KW), both moved to the layout's conventions by `arrays`.
-    """
-
-    name: str
-    n: int
-    c: int
-    h: int
-    w: int
-    f: int
-    kernel: tuple
-    stride: object = 1
-    padding: object = 0
-    dilation: object = 1
-    groups: int = 1
-    output_padding: object = 0  # conv_transpose2d only
-
-    def kwargs(self, transposed=False):
-        kw = dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
-        if transposed:
-            kw["output_padding"] = self.output_padding
-        return kw
-
-    def window(self, transposed=False) -> Window:
-        """The explicit window "same"/"valid" resolve to for this input size (what gets compiled)."""
-        return Window.resolve(self.kernel, self.stride, self.padding, self.dilation, (self.h, self.w), transposed)
-
-    def arrays(self, rng, layout, dtype, transposed=False):
-        weight_shape = ((self.c, self.f // self.groups) if transposed else (self.f, self.c // self.groups))
-        x, weight = to_layout(rng.standard_normal((self.n, self.c, self.h, self.w)),
-                              rng.standard_normal(weight_shape + tuple(self.kernel)), layout)
-        return x.astype(dtype), weight.astype(dtype), rng.standard_normal(self.f).astype(dtype)
-
-    def __str__(self):
-        return self.name
-
-
-# The resolved windows of every case below are in tests/grid.py (see test_every_window_is_prebuilt).
-CONV_CASES = [
-    Case("d2-pad1", 2, 3, 9, 8, 4, (3, 3), 1, 1, 2),
-    Case("d3-s2-pad2-g2", 2, 4, 11, 10, 6, (3, 3), 2, 2, 3, 2),
-    Case("sides-rect-d2x1", 1, 2, 7, 9, 3, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1)),
-    Case("sides-s3x1-d1x3", 2, 3, 10, 12, 2, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3)),
-    Case("pair-pad-depthwise", 2, 4, 9, 10, 4, (3, 5), (2, 1), (1, 2), (1, 2), 4),
-    Case("depthwise-x2-d2", 1, 3, 8, 8, 6, (3, 3), 1, 1, 2, 3),
-    Case("valid-k4-s3", 2, 3, 11, 10, 4, (4, 4), 3, "valid"),
-    Case("valid-d2-g2", 1, 4, 9, 9, 4, (3, 3), 1, "valid", 2, 2),
-    Case("same-odd-total-s1", 2, 3, 9, 7, 4, (4, 2), 1, "same"),
-    Case("same-s2-odd-total", 2, 3, 9, 8, 5, (3, 3), 2, "same"),
-    Case("same-s3-d2-g2", 1, 4, 10, 8, 2, (3, 3), 3, "same", 2, 2),
-    Case("same-s2x1-d1x2-depthwise", 2, 3, 7, 6, 3, (2, 3), (2, 1), "same", (1, 2), 3),
-    Case("1x1-g2", 2, 4, 5, 5, 6, (1, 1), 1, 0, 1, 2),
-    Case("1x1-s2-pad1-unreached", 1, 2, 6, 7, 3, (1, 1), 2, 1),
-]
-
-TRANSPOSE_CASES = [
-    Case("k4-s2-pad1", 2, 3, 4, 5, 2, (4, 4), 2, 1),
-    Case("s2-op1", 2, 2, 3, 4, 3, (3, 3), 2, 0, output_padding=1),
-    Case("s1-d2-op1", 1, 2, 4, 5, 4, (3, 3), 1, 1, 2, output_padding=1),          # op >= stride: d > s
-    Case("s2-d3-op2-g2", 2, 4, 4, 3, 2, (3, 3), 2, 2, 3, 2, output_padding=2),    # op >= stride: d > s
-    Case("sides-s3x1-d1x3-op2", 1, 2, 3, 4, 3, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3), output_padding=2),
-    Case("sides-rect-g2-op1", 2, 4, 4, 3, 2, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1), 2, output_padding=1),
-    Case("sides-depthwise-op1x2", 1, 4, 3, 4, 4, (4, 2), (2, 3), ((1, 2), (0, 1)), 1, 4,
-         output_padding=(1, 2)),
-    Case("pair-pad-depthwise-x2", 2, 3, 4, 5, 6, (3, 5), (2, 1), (1, 2), (1, 2), 3, output_padding=1),
-    Case("valid-k4-s3-op2x1", 1, 3, 3, 4, 2, (4, 4), 3, "valid", output_padding=(2, 1)),
-    Case("same-s2-odd-total", 2, 3, 3, 4, 2, (4, 3), 2, "same"),
-    Case("same-s1-odd-total-g2", 1, 4, 5, 6, 2, (4, 2), 1, "same", 1, 2),
-    Case("same-s3-d2-depthwise", 1, 3, 3, 4, 3, (3, 3), 3, "same", 2, 3),
-]
+# The gradient grid (CONV_CASES, TRANSPOSE_CASES) is in tests/grid.py: test_isa.py runs it on every ISA.
 
 # Small cases for the numerical gradients (each costs two op calls per input element).
 NUMERIC_CONV_CASES = [
@@ -124,18 +47,13 @@ def _output_shape(case, layout, transposed):
     return op(x, w, layout=layout, **case.kwargs(transposed)).shape
 
 
-def _rng(*key):
-    """A generator seeded by the test's parameters (stable across runs, unlike hash() of strings)."""
-    return np.random.default_rng(zlib.crc32(repr(tuple(str(k) for k in key)).encode()))
-
-
 # ----------------------------------------------------------------------------- against the reference
 @VARIANTS
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_conv2d_forward_matches_reference(case, layout, dtype, specialize):
-    x, w, b = case.arrays(_rng(case, layout, dtype), layout, dtype)
+    x, w, b = case.arrays(seeded_rng(case, layout, dtype), layout, dtype)
     y = convgen.conv2d(x, w, b, layout=layout, specialize=specialize, **case.kwargs())
     assert_close(y, reference.conv2d(x, w, b, layout=layout, **case.kwargs()), dtype, "y")
 
@@ -145,7 +63,7 @@ def test_conv2d_forward_matches_reference(case, layout, dtype, specialize):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_conv2d_backward_matches_reference(case, layout, dtype, specialize):
-    rng = _rng(case, layout, dtype)
+    rng = seeded_rng(case, layout, dtype)
     x, w, _ = case.arrays(rng, layout, dtype)
     dy = rng.standard_normal(_output_shape(case, layout, transposed=False)).astype(dtype)
     dx, dw, db = convgen.conv2d_backward(dy, x, w, layout=layout, specialize=specialize, **case.kwargs())
@@ -160,7 +78,7 @@ def test_conv2d_backward_matches_reference(case, layout, dtype, specialize):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
 def test_conv_transpose2d_matches_reference(case, layout, dtype, specialize):
-    x, w, b = case.arrays(_rng(case, layout, dtype), layout, dtype, transposed=True)
+    x, w, b = case.arrays(seeded_rng(case, layout, dtype), layout, dtype, transposed=True)
     kw = case.kwargs(transposed=True)
     y = convgen.conv_transpose2d(x, w, b, layout=layout, specialize=specialize, **kw)
     assert_close(y, reference.conv_transpose2d(x, w, b, layout=layout, **kw), dtype, "y")
@@ -174,7 +92,7 @@ def test_conv_transpose2d_matches_reference(case, layout, dtype, specialize):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
 def test_conv_transpose2d_backward_matches_reference(case, layout, dtype, specialize):
-    rng = _rng(case, layout, dtype)
+    rng = seeded_rng(case, layout, dtype)
     x, w, _ = case.arrays(rng, layout, dtype, transposed=True)
     kw = case.kwargs(transposed=True)
     dy = rng.standard_normal(_output_shape(case, layout, transposed=True)).astype(dtype)
@@ -187,19 +105,16 @@ def test_conv_transpose2d_backward_matches_reference(case, layout, dtype, specia
 
 # ---------------------------------------------------------------------------- numerical gradients
 @pytest.fixture
-def one_thread():
+def one_thread(threads):
     """Thousands of calls on tiny arrays: one thread each, so a busy machine does not stall them.
 
     The thread count does not change the arithmetic; the reference tests above run the default count.
     """
-    previous = convgen.num_threads()
-    convgen.set_num_threads(1)
-    yield
-    convgen.set_num_threads(previous)
+    threads(1)
 
 
 def _check_numerical_gradients(op, op_backward, case, layout, specialize, transposed):
-    rng = _rng("numeric", case, layout)
+    rng = seeded_rng("numeric", case, layout)
     x, w, b = case.arrays(rng, layout, np.float64, transposed)
     kw = dict(case.kwargs(transposed), layout=layout, specialize=specialize)
     r = rng.standard_normal(_output_shape(case, layout, transposed))
@@ -289,7 +204,7 @@ def _random_case(rng, window):
 
 
 def _check_adjoint(case, layout, specialize, output_padding):
-    rng = _rng("adjoint", case, layout)
+    rng = seeded_rng("adjoint", case, layout)
     x, w, _ = case.arrays(rng, layout, np.float64)
     kw = dict(case.kwargs(), layout=layout, specialize=specialize)
     y = rng.standard_normal(_output_shape(case, layout, transposed=False))

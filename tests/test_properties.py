@@ -6,23 +6,29 @@ calls draw their window from the windows tests/grid.py prebuilds, so no draw cos
 generic calls draw any window (kernel 1-5, stride 1-3, per-side padding 0-3, dilation 1-3) and
 any padding form ("same" and "valid" included), since one generic module serves them all.
 
+About one example in eight is large: channels chosen so the call is over 6 MFLOP, which the
+kernels plan on several threads (asserted through their thread query) and split into several
+pixel, K or filter blocks. Sizes the reference refuses (about one example in ten) must be refused
+with a ValueError by each of the four ops, forward and backward.
+
 Examples are derandomized so `make test` is reproducible; CONVGEN_HYPOTHESIS=explore runs many
 more, randomly, to look for new failures. CONVGEN_PROPERTY_WINDOWS="k3s2p1 k1" narrows the
 specialized windows (the quick sanitizer run builds only those).
 """
 
+import math
 import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import convgen
 from convgen import reference
 from convgen.spec import Window
 from grid import FORWARD_WINDOWS, GRADIENT_WINDOWS
-from helpers import assert_close
+from helpers import assert_close, planned_threads
 
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -65,7 +71,12 @@ def _stored(array, how):
         big = np.zeros(array.shape + (2,), array.dtype)
         big[..., 0] = array
         return big[..., 0]
+    assert array.flags.c_contiguous, "a case's arrays are made C-contiguous in either layout"
     return array
+
+
+# Large examples are at least this many FLOPs: the kernels give each thread 2 MFLOP or more.
+LARGE_FLOPS = 6_000_000
 
 
 @st.composite
@@ -76,31 +87,50 @@ def cases(draw, op):
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     kernel, stride, padding, dilation = draw(windows(specialize))
     groups = draw(st.integers(1, 3))
-    c_in, c_out = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
-    n = draw(st.integers(0, 3))
+    large = draw(st.integers(0, 7)) == 7  # about one example in eight
+    n = draw(st.integers(1, 3) if large else st.integers(0, 3))
+    more = 12 if large else 0  # larger images for the large examples
     extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
     kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
                   specialize=specialize)
     if transposed:
-        h, w = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+        h, w = draw(st.integers(1, 7 + more)), draw(st.integers(1, 7 + more))
         if padding != "same":
             kwargs["output_padding"] = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
-        weight_shape = (c_in, c_out // groups, *kernel)
+        pixels = h * w  # the transposed call's input is the output of the convolution its kernels run
     else:
         explicit = Window.resolve(kernel, stride, padding, dilation, (1, 1)).padding if padding != "same" \
             else ((0, 0), (0, 0))
-        # large enough for the dilated kernel after padding ("same" pads whatever it needs)
-        h, w = (draw(st.integers(max(e - sum(p), 0), max(e - sum(p), 0) + 8)) for e, p in zip(extent, explicit))
-        weight_shape = (c_out, c_in // groups, *kernel)
+        # large enough for the dilated kernel after padding ("same" pads whatever it needs) ...
+        fits = [max(e - sum(p), 0) for e, p in zip(extent, explicit)]
+        h, w = (draw(st.integers(low + more, low + 8 + 2 * more)) for low in fits)
+        if not large and draw(st.sampled_from(["fits"] * 7 + ["too short"])) == "too short":
+            # ... but about one in eight rows is 1 or 2 short (when padding does not cover it): sizes
+            # every op must refuse
+            h = draw(st.integers(max(fits[0] - 2, 0), max(fits[0] - 1, 0)))
+        try:
+            pixels = math.prod(Window.resolve(kernel, stride, padding, dilation, (h, w)).output_size((h, w)))
+        except ValueError:
+            pixels = 0  # the reference refuses these sizes; so must convgen
+    per_group_in, per_group_out = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    if large:
+        per_group_out = draw(st.integers(4, 16))
+        if pixels > 0:  # enough input channels for LARGE_FLOPS (at most 256 per group)
+            per_group_in = min(256, max(per_group_in, math.ceil(
+                LARGE_FLOPS / (2 * n * groups * per_group_out * kernel[0] * kernel[1] * pixels))))
+    c_in, c_out = groups * per_group_in, groups * per_group_out
+    weight_shape = (c_in, c_out // groups, *kernel) if transposed else (c_out, c_in // groups, *kernel)
     seed = draw(st.integers(0, 2 ** 32 - 1))
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c_in, h, w))
     weight = rng.standard_normal(weight_shape)
-    if layout == "NHWC":
-        x, weight = x.transpose(0, 2, 3, 1), weight.transpose(2, 3, 1, 0)
+    if layout == "NHWC":  # C-contiguous in NHWC too: the "C" storage below is what it claims to be
+        x, weight = np.ascontiguousarray(x.transpose(0, 2, 3, 1)), np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
     bias = rng.standard_normal(c_out)
+    flops = 2 * n * groups * per_group_in * per_group_out * kernel[0] * kernel[1] * pixels
     return dict(x=x.astype(dtype), w=weight.astype(dtype), bias=bias.astype(dtype), kwargs=kwargs,
-                stored=draw(st.sampled_from(["C", "fortran", "strided"])), rng=rng, dtype=dtype)
+                stored=draw(st.sampled_from(["C", "fortran", "strided"])), rng=rng, dtype=dtype,
+                kernel=kernel, stride=stride, padding=padding, dilation=dilation, flops=flops)
 
 
 def _geometry_is_valid(op, case):
@@ -113,16 +143,34 @@ def _geometry_is_valid(op, case):
         return None
 
 
+def _refused(module, op, case, kwargs):
+    """`op` of `module` refuses the case's sizes with a ValueError (dy is x-shaped: no shape fits)."""
+    x, w = case["x"], case["w"]
+    args = (np.zeros_like(x), x, w) if op.endswith("backward") else (x, w)
+    with pytest.raises(ValueError):
+        getattr(module, op)(*args, **kwargs)
+
+
 def check(op, case):
     ref_kwargs = {k: v for k, v in case["kwargs"].items() if k != "specialize"}
     out_shape = _geometry_is_valid(op, case)
+    event("refused" if out_shape is None else "several threads" if case["flops"] >= LARGE_FLOPS else "small")
     if out_shape is None:
-        # sizes the reference refuses must be refused by convgen too, never computed
-        with pytest.raises(ValueError):
-            getattr(convgen, op.replace("_backward", ""))(case["x"], case["w"], **case["kwargs"])
+        # sizes the reference refuses must be refused by convgen too, never computed, by every op
+        _refused(reference, op, case, ref_kwargs)
+        _refused(convgen, op, case, case["kwargs"])
         return
     stored = case["stored"]
     x, w = _stored(case["x"], stored), _stored(case["w"], stored)
+    if case["flops"] >= LARGE_FLOPS:
+        window = Window.resolve(case["kernel"], case["stride"], case["padding"], case["dilation"],
+                                case["x"].shape[2:] if case["kwargs"]["layout"] == "NCHW" else case["x"].shape[1:3],
+                                op.startswith("conv_transpose2d"))
+        planned = planned_threads(op, case["x"], np.empty(out_shape, case["dtype"]), window, case["kwargs"]["groups"],
+                                  case["kwargs"]["layout"], case["kwargs"]["specialize"])
+        # The call runs on several threads. (Not every entry need: dW splits (image, group, 128
+        # output pixels) units, so one image of at most 128 pixels is one unit, one thread.)
+        assert max(planned.values()) >= 2, f"{op}: {case['flops']} FLOPs planned on {planned} threads"
     if op.endswith("backward"):
         dy = case["rng"].standard_normal(out_shape).astype(case["dtype"])
         got = getattr(convgen, op)(_stored(dy, stored), x, w, **case["kwargs"])
@@ -133,6 +181,15 @@ def check(op, case):
         got = getattr(convgen, op)(x, w, _stored(case["bias"], stored), **case["kwargs"])
         expected = getattr(reference, op)(case["x"], case["w"], case["bias"], **ref_kwargs)
         assert_close(got, expected, case["dtype"], op)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    """Two threads whatever the machine: the large examples are planned on both."""
+    previous = convgen.num_threads()
+    convgen.set_num_threads(2)
+    yield
+    convgen.set_num_threads(previous)
 
 
 @settings(settings.get_profile(PROFILE))

@@ -7,6 +7,8 @@ finite differences).
 """
 
 import itertools
+import tracemalloc
+import zlib
 
 import numpy as np
 import pytest
@@ -240,11 +242,16 @@ def _random_conv_cases(seed, count):
 CONV_CASES = _random_conv_cases(seed=1234, count=24)
 
 
+def _seed(case, offset=0):
+    """A seed from the case's values: the same in every run (hash() of a tuple with strings is not)."""
+    return zlib.crc32(repr(case).encode()) + offset
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 def test_conv2d_matches_brute_force(case, layout):
     N, C, H, W, F, KH, KW, stride, padding, dilation, groups = case
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(_seed(case))
     x = rng.standard_normal((N, C, H, W))
     w = rng.standard_normal((F, C // groups, KH, KW))
     b = rng.standard_normal(F)
@@ -277,7 +284,7 @@ def _transpose_case(case, rng):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 def test_conv_transpose2d_matches_brute_force(case, layout):
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(_seed(case))
     N, Cin, H, W, Cout, KH, KW, stride, padding, op, dilation, groups = _transpose_case(case, rng)
     (top, bottom), (left, right) = _pads(padding)
     Ho = (H - 1) * stride[0] - top - bottom + dilation[0] * (KH - 1) + op[0] + 1
@@ -307,7 +314,7 @@ def _inner(a, b):
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 def test_adjoint_identity(case):
     N, C, H, W, F, KH, KW, stride, padding, dilation, groups = case
-    rng = np.random.default_rng(abs(hash(case)) % 2**32 + 1)
+    rng = np.random.default_rng(_seed(case, 1))
     x = rng.standard_normal((N, C, H, W))
     w = rng.standard_normal((F, C // groups, KH, KW))
     (top, bottom), (left, right) = _pads(padding)
@@ -589,26 +596,38 @@ def test_dtypes_and_inputs_untouched(dtype, layout):
     np.testing.assert_allclose(y, y64, rtol=1e-5, atol=1e-5)
 
 
-def test_test_sized_inputs_are_fast_enough():
-    """The size the op tests use (N=2, C=8, H=W=12, F=8, K=7) must run quickly."""
-    import time
+def test_working_memory_stays_near_the_arrays():
+    """The reference loops over output (or input) positions and contracts batch and channels there:
+    its working memory is a few copies of the padded arrays, never an im2col matrix of every
+    position's receptive field, which at this size would be 2 × 8·7·7 × 32·32 float64s (6.4 MB)."""
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
-    w = rng.standard_normal((8, 8, 7, 7)).astype(np.float32)
-    t = time.perf_counter()
-    y = ref.conv2d(x, w, padding=3)
-    ref.conv2d_backward(y, x, w, padding=3)
-    ref.conv_transpose2d(x, w, padding=3)
-    assert y.shape == (2, 8, 12, 12)
-    assert time.perf_counter() - t < 5.0
+    x = rng.standard_normal((2, 8, 32, 32))
+    w = rng.standard_normal((8, 8, 7, 7))
+    im2col_bytes = 2 * 8 * 7 * 7 * 32 * 32 * 8
+    for name, run in (("conv2d", lambda: ref.conv2d(x, w, padding=3)),
+                      ("conv2d_backward", lambda: ref.conv2d_backward(x, x, w, padding=3)),
+                      ("conv_transpose2d", lambda: ref.conv_transpose2d(x, w, padding=3)),
+                      ("conv_transpose2d_backward", lambda: ref.conv_transpose2d_backward(x, x, w, padding=3))):
+        tracemalloc.start()
+        try:
+            result = run()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert (result[0] if isinstance(result, tuple) else result).shape == x.shape
+        assert peak < im2col_bytes / 4, f"{name}: {peak} bytes at the peak, an im2col matrix is {im2col_bytes}"
 
 
 # --------------------------------------------------------------------------
-# Optional cross-check against PyTorch
+# Cross-check against PyTorch (torch is part of the test extra)
 # --------------------------------------------------------------------------
 
 def test_against_torch():
-    torch = pytest.importorskip("torch")
+    try:
+        import torch
+    except ImportError:  # never a silent skip: this is the one outside check of the oracle
+        pytest.fail("torch is not installed: it is part of the test extra (make setup, or "
+                    "pip install 'torch==2.13.0+cpu' then pip install -e '.[test]')")
     F = torch.nn.functional
     rng = np.random.default_rng(11)
     cases = [

@@ -1,5 +1,6 @@
 """Threads: CONVGEN_NUM_THREADS, every thread count giving the same result, and the GIL released in C."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 
 import convgen
 from convgen import reference
-from helpers import assert_close
+from convgen.spec import Window
+from helpers import assert_close, call_problem, kernels_for, planned_threads, seeded_rng
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,58 +42,119 @@ def test_set_num_threads_checks_its_argument():
             convgen.set_num_threads(bad)
 
 
-@pytest.fixture
-def restore_threads():
-    before = convgen.num_threads()
-    yield
-    convgen.set_num_threads(before)
+# ------------------------------------------------------------------------ the same result on any count
+WINDOW = Window(3, 2, 1)
+KW = dict(stride=2, padding=1)
+OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
 
 
-def test_every_thread_count_gives_the_same_result(restore_threads):
-    """Work is split differently for 1, 2, 3 and 5 threads; the sums must not change beyond rounding."""
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((3, 12, 30, 26))
-    w = rng.standard_normal((20, 12, 3, 3))
-    dy = rng.standard_normal((3, 20, 15, 13))
+def _arrays(layout):
+    """About 32 MFLOP a call: the kernels' planner gives each thread at least 2 MFLOP, so up to 16 threads."""
+    rng = seeded_rng("threads", layout)
+    x = rng.standard_normal((3, 48, 30, 26))
+    w = rng.standard_normal((64, 48, 3, 3))
+    dy = rng.standard_normal((3, 64, 15, 13))
+    if layout == "NHWC":
+        x, w, dy = x.transpose(0, 2, 3, 1).copy(), w.transpose(2, 3, 1, 0).copy(), dy.transpose(0, 2, 3, 1).copy()
+    return x, w, dy
+
+
+def _all_ops(x, w, dy, layout, module):
+    """Every op's results: conv2d of x, its gradients given dy, and the transposed pair run on dy
+    (conv_transpose2d's input) with x-shaped gradients (output_padding 1 brings 15 × 13 back to 30 × 26)."""
+    kw = dict(KW, layout=layout)
+    return {
+        "conv2d": (module.conv2d(x, w, **kw),),
+        "conv2d_backward": module.conv2d_backward(dy, x, w, **kw),
+        "conv_transpose2d": (module.conv_transpose2d(dy, w, output_padding=1, **kw),),
+        "conv_transpose2d_backward": module.conv_transpose2d_backward(x, dy, w, output_padding=1, **kw),
+    }
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_every_thread_count_gives_the_same_result(layout, threads):
+    """Work is split differently for 1, 2, 3 and 5 threads (each planned, not capped to one); the
+    sums must not change beyond rounding, and every op, dx and the transposed kernel included,
+    matches the reference on each count."""
+    x, w, dy = _arrays(layout)
+    expected = _all_ops(x, w, dy, layout, reference)
     results = {}
-    for threads in (1, 2, 3, 5):
-        convgen.set_num_threads(threads)
-        y = convgen.conv2d(x, w, stride=2, padding=1)
-        dx, dw, db = convgen.conv2d_backward(dy, x, w, stride=2, padding=1)
-        t = convgen.conv_transpose2d(dy, w, stride=2, padding=1, output_padding=1)
-        results[threads] = (y, dx, dw, db, t)
-    expected = (reference.conv2d(x, w, stride=2, padding=1),
-                *reference.conv2d_backward(dy, x, w, stride=2, padding=1),
-                reference.conv_transpose2d(dy, w, stride=2, padding=1, output_padding=1))
-    for threads, arrays in results.items():
-        for got, want in zip(arrays, expected):
-            assert_close(got, want, np.float64, f"{threads} threads")
+    for count in (1, 2, 3, 5):
+        threads(count)
+        for op in OPS:  # the input and output of each op's call, for the planner's sizes
+            inp, out = (x, dy) if not op.startswith("conv_transpose2d") else (dy, x)
+            planned = planned_threads(op, inp, out, WINDOW, 1, layout)
+            if count == 1:
+                assert set(planned.values()) == {1}, f"{op}: {planned} on one thread"
+            else:
+                assert min(planned.values()) >= 2, f"{op}: only {planned} planned for {count} threads"
+        results[count] = _all_ops(x, w, dy, layout, convgen)
+    for count, arrays in results.items():
+        for op in OPS:
+            for got, one, want in zip(arrays[op], results[1][op], expected[op]):
+                assert_close(got, one, np.float64, f"{op} on {count} threads against one thread")
+                assert_close(got, want, np.float64, f"{op} on {count} threads against the reference")
 
 
-def test_the_gil_is_released_while_a_kernel_runs(restore_threads):
-    """While one Python thread is inside a long kernel call, another keeps running Python code.
+# ---------------------------------------------------------------------------------------- the GIL
+def _ran_another_thread(call, repeats):
+    """Whether this (the main) thread got to run Python code while `call` ran in a worker thread.
 
-    With the GIL held through the call, the watcher could not run a single bytecode until the
-    call returned; released, it loops for the whole call.
+    The switch interval is set far beyond the test's length, so the interpreter never takes the GIL
+    from the thread holding it: the main thread can run only where the worker gives the GIL up by
+    itself. The worker runs `call` up to `repeats` times and looks after each whether the main thread
+    has set `seen`, which it does as soon as it runs at all. A call that keeps the GIL never lets it
+    run, so the worker finds `seen` unset after every call, however loaded the machine; a call that
+    releases it gives the main thread `repeats` chances to be scheduled.
     """
-    convgen.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((16, 32, 64, 64)).astype(np.float32)
-    w = rng.standard_normal((32, 32, 5, 5)).astype(np.float32)
-    convgen.conv2d(x, w, padding=2)  # load the kernels first
-    inside = threading.Event()
-    finished = threading.Event()
+    seen = threading.Event()
+    observed = []
 
     def worker():
-        inside.set()
-        convgen.conv2d(x, w, padding=2)  # about 1.7 GFLOP: tens of milliseconds or more
-        finished.set()
+        for _ in range(repeats):
+            call()
+            if seen.is_set():
+                observed.append(True)
+                return
+        observed.append(False)
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    inside.wait()
-    spins = 0
-    while not finished.is_set():
-        spins += 1
-    thread.join()
-    assert spins > 1000, f"the watcher ran only {spins} iterations while the kernel was running"
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()  # returns only once the worker has let go of the GIL (or has finished)
+        seen.set()
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return observed[0]
+
+
+def test_the_gil_check_tells_a_held_gil_from_a_released_one():
+    """The check itself, on libc's usleep: through ctypes.PyDLL it keeps the GIL, through CDLL it lets go."""
+    assert not _ran_another_thread(lambda: ctypes.PyDLL(None).usleep(1000), repeats=50)
+    assert _ran_another_thread(lambda: ctypes.CDLL(None).usleep(1000), repeats=50)
+
+
+@pytest.mark.parametrize("entry", ["fwd", "bwd_data", "bwd_weight"])
+def test_the_gil_is_released_while_a_kernel_runs(entry, threads):
+    """While one Python thread is inside a kernel's entry point, another runs Python code.
+
+    The entry points are called as the ops call them (`Kernels.call`), without the ops' NumPy work
+    around them (the bias gradient's reduction), which may let go of the GIL by itself.
+    """
+    threads(1)
+    rng = seeded_rng("gil")
+    x = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    y = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
+    problem = call_problem("conv2d", x, y, Window(3, 1, 1))
+    kernels = kernels_for(problem)
+    arrays = {"fwd": (x, w, None, np.empty_like(y)), "bwd_data": (y, w, np.empty_like(x)),
+              "bwd_weight": (y, x, np.empty_like(w))}[entry]
+
+    def call():
+        kernels.call(entry, problem, arrays)
+
+    call()
+    assert _ran_another_thread(call, repeats=200), f"{entry} kept the GIL through all of 200 calls"
