@@ -20,6 +20,7 @@ import numpy as np
 
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
 from .problem import weight_shape
+from .planner import as_algorithm
 from .resolve import as_flag, as_float_dtype, as_layout, groups_dividing, as_output_padding
 from .spec import as_int, as_pair, explicit_padding
 
@@ -56,7 +57,7 @@ class _ConvLayer:
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                 layout, specialize, rng):
+                 layout, specialize, algorithm, rng):
         self.in_channels = as_int("in_channels", in_channels)
         self.out_channels = as_int("out_channels", out_channels)
         self.kernel_size = as_pair("kernel_size", kernel_size)
@@ -68,6 +69,7 @@ class _ConvLayer:
         self.dtype = as_float_dtype(dtype)
         self.layout = as_layout(layout)
         self.specialize = as_flag("specialize", specialize)
+        self.algorithm = as_algorithm(algorithm)
         rng = _generator(rng)
 
         # He et al. (2015): std sqrt(2 / fan_in) keeps the activations' scale through ReLU layers.
@@ -87,7 +89,7 @@ class _ConvLayer:
 
     def _op_kwargs(self) -> dict:
         return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups,
-                    layout=self.layout, specialize=self.specialize)
+                    layout=self.layout, specialize=self.specialize, algorithm=self.algorithm)
 
     # -- the two passes
     def _check_input(self, x):
@@ -154,6 +156,8 @@ class _ConvLayer:
         if self.bias is None:
             parts.append("bias=False")
         parts += [f"dtype={self.dtype.name}", f"layout={self.layout!r}", f"specialize={self.specialize}"]
+        if self.algorithm != "auto":
+            parts.append(f"algorithm={self.algorithm!r}")
         return f"{type(self).__name__}({', '.join(p for p in parts if p)})"
 
 
@@ -164,16 +168,17 @@ class Conv2d(_ConvLayer):
     in_channels/groups, out_channels) for "NHWC", drawn from N(0, 2/fan_in) with fan_in =
     in_channels/groups · KH · KW; bias zeros (None with bias=False). padding takes every form
     `convgen.conv2d` does (int, pair, ((top, bottom), (left, right)), "valid", "same").
-    `rng`: None, an int seed or a numpy Generator, for the initial weights.
+    `rng`: None, an int seed or a numpy Generator, for the initial weights. `algorithm` (keyword
+    only): "auto", "direct" or "winograd", as for `convgen.conv2d`.
 
     `forward(x)` (also `layer(x)`) returns y and keeps x; `backward(dy)` returns dx and stores
     `.dw` and `.db` (None without bias).
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None):
+                 bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None, *, algorithm="auto"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         layout, specialize, rng)
+                         layout, specialize, algorithm, rng)
 
     def _weight_shape(self):
         return weight_shape(self.out_channels, self.in_channels // self.groups, self.kernel_size, self.layout)
@@ -200,11 +205,12 @@ class ConvTranspose2d(_ConvLayer):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, dilation=1,
-                 groups=1, bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None):
+                 groups=1, bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None, *,
+                 algorithm="auto"):
         # Checked before the base class draws the weights, so a bad value costs nothing.
         self.output_padding = as_output_padding(output_padding, stride, dilation, padding)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         layout, specialize, rng)
+                         layout, specialize, algorithm, rng)
 
     def _weight_shape(self):
         return weight_shape(self.in_channels, self.out_channels // self.groups, self.kernel_size, self.layout)

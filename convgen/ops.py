@@ -92,15 +92,16 @@ def _signature(op, arrays, params):
         return None
 
 
-def _prepare(op, arrays, specialize, stride, padding, dilation, groups, layout, output_padding=0):
+def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, groups, layout, output_padding=0):
     """(arrays, _Call) of one call: remembered, or resolved and planned now."""
-    key = _signature(op, arrays, (specialize, stride, padding, dilation, groups, layout, output_padding))
+    key = _signature(op, arrays, (specialize, algorithm, stride, padding, dilation, groups, layout, output_padding))
     call = _CALLS.get(key)
     if call is not None:
         return arrays, call
     specialize = as_flag("specialize", specialize)
+    algorithm = planner.as_algorithm(algorithm)
     arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding)
-    call = _Call(resolved, planner.plan(resolved.problem, specialize, settings().schedule()))
+    call = _Call(resolved, planner.plan(resolved.problem, specialize, settings().schedule(), algorithm))
     if key is not None:
         if len(_CALLS) >= _CALLS_MAX:
             _CALLS.clear()
@@ -147,7 +148,7 @@ def _backward(call: _Call, dy, x, w, out):
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
-           out=None):
+           algorithm="auto", out=None):
     """2-D convolution (cross-correlation, as PyTorch's conv2d).
 
     Parameters
@@ -162,29 +163,35 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     layout : "NCHW" or "NHWC".
     specialize : True calls the kernel compiled for exactly this window (kernel size, stride,
         padding, dilation as constants); False the generic kernel that takes them at run time.
+    algorithm : "auto" (default), "direct" or "winograd". Winograd F(m×m, 3×3) computes 3×3
+        windows at stride 1 without dilation with fewer multiplies, rounding differently (its error
+        bound is in convgen.winograd); "auto" takes it where the schedule's cost model says it is
+        faster. The generic build is always direct.
     out : optional preallocated C-contiguous output array of the right shape and dtype.
 
     Returns y: (N, F, Ho, Wo) or (N, Ho, Wo, F), with Ho = (H + top + bottom − dh·(KH − 1) − 1)//sh + 1.
     """
-    (x, w, bias), call = _prepare("conv2d", (x, w, bias), specialize, stride, padding, dilation, groups, layout)
+    (x, w, bias), call = _prepare("conv2d", (x, w, bias), specialize, algorithm, stride, padding, dilation, groups,
+                                  layout)
     return _forward(call, x, w, bias, out)
 
 
 def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
-                    out=None):
+                    algorithm="auto", out=None):
     """Gradients of conv2d with respect to x, w and the bias, given dy = ∂L/∂y.
 
     Keyword arguments are those of `conv2d`. Returns (dx, dw, db) with the shapes of x, w and the
     bias (F,). `out` may be a (dx, dw, db) tuple of preallocated arrays (any of them None).
-    dW = dY·im2col(X)ᵀ, dX = col2im(Wᵀ·dY), db = dY summed over batch and space.
+    dW = dY·im2col(X)ᵀ, dX = col2im(Wᵀ·dY), db = dY summed over batch and space. With Winograd, dX
+    is the Winograd correlation of dY with the flipped filters; dW is always direct.
     """
-    (dy, x, w), call = _prepare("conv2d_backward", (dy, x, w), specialize, stride, padding, dilation, groups,
-                                layout)
+    (dy, x, w), call = _prepare("conv2d_backward", (dy, x, w), specialize, algorithm, stride, padding, dilation,
+                                groups, layout)
     return _backward(call, dy, x, w, out)
 
 
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
-                     layout="NCHW", specialize=True, out=None):
+                     layout="NCHW", specialize=True, algorithm="auto", out=None):
     """Transposed 2-D convolution (PyTorch's conv_transpose2d): the input gradient of conv2d.
 
     x : (N, C_in, H, W) for "NCHW", (N, H, W, C_in) for "NHWC".
@@ -193,25 +200,26 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     bias : optional (C_out,).
     output_padding : int or pair, 0 <= op < max(stride, dilation): extra rows/cols at the bottom/right.
     padding : as conv2d; "same" gives an output of exactly input·stride.
+    algorithm : as conv2d (a 3×3 stride-1 transposed convolution is a Winograd correlation too).
 
     Returns y with Ho = (H − 1)·sh − top − bottom + dh·(KH − 1) + oph + 1. Computed as col2im of Wᵀ·x,
     never by convolving a zero-stuffed input.
     """
-    (x, w, bias), call = _prepare("conv_transpose2d", (x, w, bias), specialize, stride, padding, dilation, groups,
-                                  layout, output_padding)
+    (x, w, bias), call = _prepare("conv_transpose2d", (x, w, bias), specialize, algorithm, stride, padding,
+                                  dilation, groups, layout, output_padding)
     return _forward(call, x, w, bias, out)
 
 
 def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
-                              layout="NCHW", specialize=True, out=None):
+                              layout="NCHW", specialize=True, algorithm="auto", out=None):
     """Gradients of conv_transpose2d with respect to x, w and the bias, given dy = ∂L/∂y.
 
     Keyword arguments are those of `conv_transpose2d`. Returns (dx, dw, db) shaped as x, w and the
     bias (C_out,): dx is conv2d(dy, w), dw is conv2d's weight gradient with the roles of x and dy
     exchanged, db is dy summed over batch and space.
     """
-    (dy, x, w), call = _prepare("conv_transpose2d_backward", (dy, x, w), specialize, stride, padding, dilation,
-                                groups, layout, output_padding)
+    (dy, x, w), call = _prepare("conv_transpose2d_backward", (dy, x, w), specialize, algorithm, stride, padding,
+                                dilation, groups, layout, output_padding)
     return _backward(call, dy, x, w, out)
 
 

@@ -1,19 +1,23 @@
 """The planner: which algorithm family, built how, computes a problem.
 
 Between the resolved `Problem` and the kernels sits one decision: the family of templates
-(templates/<family>/) that computes it, and the schedule it is built with. The families are tried
-in `RULES` order and the first whose rule accepts the problem is taken; `direct` accepts every
-problem, so it is last. Adding an algorithm is a template folder, one rule here and its tests.
+(templates/<family>/) that computes it, and the schedule it is built with. `algorithm="direct"`
+and `"winograd"` name the family; `"auto"` asks the schedule's cost model (`Schedule.prefers_winograd`),
+which only ever picks Winograd where it applies and within its accuracy bound. The generic build is
+always direct: only a window known when the code is generated can choose another algorithm.
+Adding an algorithm is a template folder, a rule here and its tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
+from . import winograd
 from .problem import Problem
 from .schedule import Schedule
-from .spec import ConvSpec
+from .spec import WINOGRAD_WINDOW_TEXT, ConvSpec, winograd_computes
+
+ALGORITHMS = ("auto", "direct", "winograd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,21 +32,51 @@ class Plan:
         return self.spec.family
 
 
-# (family, rule): the first rule that accepts a problem names its family.
-RULES: tuple[tuple[str, Callable[[Problem], bool]], ...] = (
-    ("direct", lambda problem: True),  # phase planes around a packed GEMM micro-kernel: any window
-)
+def as_algorithm(value) -> str:
+    if not isinstance(value, str) or value.lower() not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(repr(a) for a in ALGORITHMS)}, got {value!r}")
+    return value.lower()
 
 
-def family_for(problem: Problem) -> str:
-    """The algorithm family that computes `problem`."""
-    return next(family for family, accepts in RULES if accepts(problem))
+def winograd_refusal(problem: Problem, schedule: Schedule) -> str | None:
+    """Why Winograd cannot compute `problem` under `schedule`, or None when it can."""
+    w = problem.window
+    if not winograd_computes(w):
+        return f"Winograd computes {WINOGRAD_WINDOW_TEXT}, not {w.short()}"
+    tile = winograd_tile(problem.dtype, schedule)
+    alpha = tile + w.kernel[0] - 1
+    conv = problem.conv()
+    filter_bytes = alpha * alpha * conv.f * (conv.c // conv.groups) * (4 if problem.dtype == "float32" else 8)
+    if filter_bytes > schedule.winograd_max_filter_bytes:
+        return (f"its transformed filters would take {filter_bytes} bytes, more than the "
+                f"{schedule.winograd_max_filter_bytes} a Winograd call may hold")
+    return None
 
 
-def plan(problem: Problem, specialize: bool, schedule: Schedule) -> Plan:
+def winograd_tile(dtype: str, schedule: Schedule) -> int:
+    """The schedule's Winograd tile for `dtype`, or the largest smaller one within the accuracy bound."""
+    candidates = [m for m in winograd.TILES if m <= schedule.winograd_tile and winograd.within_bound(m, dtype)]
+    return max(candidates)
+
+
+def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str = "auto") -> Plan:
     """The plan for `problem`: its family, specialized for its window or generic, under `schedule`."""
-    spec = ConvSpec(problem.window if specialize else None, problem.dtype, problem.layout, family_for(problem))
+    algorithm = as_algorithm(algorithm)
+    direct = Plan(ConvSpec(problem.window if specialize else None, problem.dtype, problem.layout), schedule)
+    if algorithm == "direct":
+        return direct
+    if not specialize:
+        if algorithm == "winograd":
+            raise ValueError("algorithm='winograd' needs specialize=True: the generic build cannot know the window, "
+                             "so it is always direct")
+        return direct
+    refusal = winograd_refusal(problem, schedule)
+    if algorithm == "winograd" and refusal is not None:
+        raise ValueError(f"algorithm='winograd' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
+    if algorithm == "auto" and (refusal is not None or not schedule.prefers_winograd(problem.conv())):
+        return direct
+    spec = ConvSpec(problem.window, problem.dtype, problem.layout, "winograd", winograd_tile(problem.dtype, schedule))
     return Plan(spec, schedule)
 
 
-__all__ = ["Plan", "RULES", "family_for", "plan"]
+__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "winograd_refusal", "winograd_tile"]

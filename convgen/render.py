@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import abi
+from . import abi, winograd
 from ._version import __version__
 from .schedule import Schedule
 from .spec import ConvSpec
@@ -63,6 +63,13 @@ def _environment(directory: Path) -> jinja2.Environment:
     )
 
 
+def _winograd_context(spec: ConvSpec) -> dict:
+    """The Winograd family's matrices F(m×m, r×r), exact (rows of Fractions), and the name of its tile."""
+    t = winograd.transforms(spec.tile, spec.window.kernel[0])
+    return {"WINO_M": t.m, "WINO_R": t.r, "WINO_ALPHA": t.alpha, "AT": t.AT, "G": t.G, "BT": t.BT,
+            "combine": winograd.linear_combination}
+
+
 def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
     """Everything the templates see. Values reaching the C source are validated ints or fixed names."""
     context = {
@@ -72,6 +79,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "dtype": spec.dtype,
         "c_type": spec.c_type,
         "layout": spec.layout,
+        "family": spec.family,
         "signatures": abi.signatures(spec),
         "op_ids": dict(abi.OP_IDS),
         "isa": schedule.isa,
@@ -96,6 +104,8 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         context.update(zip(("TAP_BASES", "TAP_LIST"), _tap_layout(w)))
     else:
         context.update({name: f"g->{field}" for name, field in _WINDOW_FIELDS.items()})
+    if spec.family == "winograd":
+        context.update(_winograd_context(spec))
     return context
 
 

@@ -35,12 +35,23 @@ class Schedule:
     # what `convgen show` and the render tests promise.
     max_unrolled_taps: int = 49
     arch_flags: tuple[str, ...] = ()
+    # Winograd F(m×m, 3×3): the output tile m (the planner takes the largest tile up to this one whose
+    # measured error is within the bound of the dtype, see convgen/winograd.py), the most bytes its
+    # transformed filters may take, and the smallest channel counts at which `algorithm="auto"` takes
+    # it (below them the transforms cost more than the multiplies they save).
+    winograd_tile: int = 4
+    winograd_max_filter_bytes: int = 16 << 20
+    winograd_min_channels: int = 8
 
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
 
     def nr(self, dtype: str) -> int:
         return self.nr_vectors * self.lanes(dtype)
+
+    def prefers_winograd(self, conv) -> bool:
+        """The cost model of `algorithm="auto"` for a convolution Winograd can compute (a Problem)."""
+        return min(conv.c // conv.groups, conv.f // conv.groups) >= self.winograd_min_channels
 
 
 # Register budget: MR × nr_vectors accumulators + nr_vectors loaded B vectors + 1 broadcast must fit
@@ -81,7 +92,8 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
         raise TypeError(f"unknown schedule fields: {sorted(unknown)}")
     fields.update(overrides)
     schedule = Schedule(**fields)
-    for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps"):
+    for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
+                 "winograd_max_filter_bytes", "winograd_min_channels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")

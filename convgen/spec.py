@@ -23,7 +23,10 @@ DTYPES = {"float32": "float", "float64": "double"}
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
 LAYOUTS = ("NCHW", "NHWC")
 # Algorithm families: each has its templates in templates/<family>/ and an entry in the planner.
-FAMILIES = ("direct",)
+FAMILIES = ("direct", "winograd")
+# Winograd output tiles m of F(m×m, r×r) that can be built, and the windows r × r they take.
+WINOGRAD_TILES = (2, 4, 6)
+WINOGRAD_WINDOWS = (3,)
 # Window values become C literals and int64 factors of sizes: bounded, they cannot overflow.
 MAX_WINDOW_VALUE = 2 ** 31 - 1
 
@@ -232,6 +235,7 @@ class ConvSpec:
     dtype: str = "float32"
     layout: str = "NCHW"
     family: str = "direct"
+    tile: int = 0  # winograd: the output tile m of F(m×m, r×r); 0 for the other families
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -249,13 +253,27 @@ class ConvSpec:
         object.__setattr__(self, "layout", layout)
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.family == "winograd":
+            self._check_winograd()
+        elif self.tile != 0:
+            raise ValueError(f"tile is a Winograd parameter; the {self.family} family takes none, got {self.tile!r}")
+
+    def _check_winograd(self):
+        """Winograd F(m×m, r×r) computes a stride-1, undilated r × r correlation, specialized."""
+        if self.tile not in WINOGRAD_TILES:
+            raise ValueError(f"tile must be one of {WINOGRAD_TILES} for the winograd family, got {self.tile!r}")
+        if self.window is None:
+            raise ValueError("the winograd family is specialized for a window: the generic build is direct")
+        if not winograd_computes(self.window):
+            raise ValueError(f"the winograd family takes {WINOGRAD_WINDOW_TEXT}, got {self.window.short()}")
 
     @classmethod
-    def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW", family: str = "direct") -> "ConvSpec":
+    def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW", family: str = "direct",
+              tile: int = 0) -> "ConvSpec":
         """A spec from the compact window text ("k3s2p1"), or "generic" for the generic build."""
         if isinstance(text, str) and text.strip().lower() == "generic":
-            return cls(None, dtype, layout, family)
-        return cls(Window.parse(text), dtype, layout, family)
+            return cls(None, dtype, layout, family, tile)
+        return cls(Window.parse(text), dtype, layout, family, tile)
 
     def short(self) -> str:
         """The compact form: the window text ("k3s2p1") or "generic"."""
@@ -270,15 +288,20 @@ class ConvSpec:
         return DTYPES[self.dtype]
 
     def generic(self) -> "ConvSpec":
-        """The generic spec of the same dtype, layout and family."""
-        return dataclasses.replace(self, window=None)
+        """The generic spec of the same dtype and layout: always direct, since only a known window
+        can choose another algorithm."""
+        return ConvSpec(None, self.dtype, self.layout)
 
     @property
     def name(self) -> str:
         """The spec's one text form, also a C identifier: window text (or "generic"), layout, dtype,
         e.g. k3s2p1_nchw_float32. Symbols, file names and messages all use it."""
-        family = "" if self.family == "direct" else f"_{self.family}"
-        return f"{self.short()}{family}_{self.layout.lower()}_{self.dtype}"
+        return f"{self.short()}{self.algorithm_suffix}_{self.layout.lower()}_{self.dtype}"
+
+    @property
+    def algorithm_suffix(self) -> str:
+        """The family in the text form: "" for direct, "_winograd4" for Winograd F(4×4, r×r)."""
+        return "" if self.family == "direct" else f"_{self.family}{self.tile or ''}"
 
     def symbol(self, entry: str) -> str:
         """The C symbol of one entry point of this spec's module, e.g. cg_conv2d_fwd_k3s1p1_nchw_float32."""
@@ -290,15 +313,24 @@ class ConvSpec:
         match = _SYMBOL.fullmatch(symbol) if isinstance(symbol, str) else None
         if match is None:
             raise ValueError(f"{symbol!r} is not the symbol of a convgen entry point")
-        family = match.group("family") or "direct"
-        return cls.parse(match.group("window"), match.group("dtype"), match.group("layout").upper(), family)
+        family, tile = match.group("family") or "direct", int(match.group("tile") or 0)
+        return cls.parse(match.group("window"), match.group("dtype"), match.group("layout").upper(), family, tile)
 
     def __str__(self) -> str:
         return self.name
 
 
 _SYMBOL = re.compile(r"cg_conv2d_[a-z]+(?:_[a-z]+)*?_(?P<window>generic|k[0-9x_spd]+?)"
-                     r"(?:_(?P<family>[a-z]+[0-9]*))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
+                     r"(?:_(?P<family>[a-z]+)(?P<tile>[0-9]*))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
+
+
+WINOGRAD_WINDOW_TEXT = f"{' or '.join(f'{r}x{r}' for r in WINOGRAD_WINDOWS)} windows at stride 1 without dilation"
+
+
+def winograd_computes(window: Window) -> bool:
+    """Whether Winograd F(m×m, r×r) computes convolutions with this window."""
+    return (window.kernel[0] == window.kernel[1] and window.kernel[0] in WINOGRAD_WINDOWS
+            and window.stride == (1, 1) and window.dilation == (1, 1))
 
 
 def conv_flops(n: int, f: int, c_per_group: int, kernel: tuple[int, int], out_hw: tuple[int, int]) -> int:
@@ -310,5 +342,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "FAMILIES", "as_int", "as_pair", "explicit_padding",
+__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "FAMILIES", "WINOGRAD_TILES", "WINOGRAD_WINDOWS",
+           "winograd_computes", "as_int", "as_pair", "explicit_padding",
            "conv_flops", "ceil_div"]

@@ -6,18 +6,22 @@
     dtypes = ["float32", "float64"]  # default ["float32"]
     layouts = ["NCHW"]               # default ["NCHW"]
     generic = true                   # also the generic build of each dtype × layout (default true)
+    algorithms = ["direct", "winograd"]  # default both; winograd only for the windows it computes
 
-Each [[set]] stands for every window × dtype × layout combination.
+Each [[set]] stands for every window × dtype × layout × algorithm combination. A Winograd module
+gets the tile the active schedule uses (`planner.winograd_tile`), the one `algorithm="auto"` calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
-from .spec import ConvSpec
+from .spec import ConvSpec, winograd_computes
 
-_KEYS = {"windows", "dtypes", "layouts", "generic"}
+_KEYS = {"windows", "dtypes", "layouts", "generic", "algorithms"}
+_ALGORITHMS = ("direct", "winograd")
 
 
 def load_spec_file(path) -> list[ConvSpec]:
@@ -40,12 +44,33 @@ def load_spec_file(path) -> list[ConvSpec]:
         windows = entry.get("windows", [])
         dtypes = entry.get("dtypes", ["float32"])
         layouts = entry.get("layouts", ["NCHW"])
-        for name, value in (("windows", windows), ("dtypes", dtypes), ("layouts", layouts)):
+        algorithms = entry.get("algorithms", list(_ALGORITHMS))
+        for name, value in (("windows", windows), ("dtypes", dtypes), ("layouts", layouts), ("algorithms", algorithms)):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"spec file {path}, set {number}: {name} must be a list of strings")
+        unknown = set(algorithms) - set(_ALGORITHMS)
+        if unknown:
+            raise ValueError(f"spec file {path}, set {number}: unknown algorithms {sorted(unknown)} "
+                             f"(known: {list(_ALGORITHMS)})")
         for dtype in dtypes:
             for layout in layouts:
-                specs += [ConvSpec.parse(text, dtype, layout) for text in windows]
+                direct = [ConvSpec.parse(text, dtype, layout) for text in windows]
+                if "direct" in algorithms:
+                    specs += direct
+                if "winograd" in algorithms:
+                    specs += _winograd_specs(direct)
                 if entry.get("generic", True):
                     specs.append(ConvSpec(None, dtype, layout))
     return list(dict.fromkeys(specs))
+
+
+def _winograd_specs(direct_specs) -> list[ConvSpec]:
+    """The Winograd twins of the specs whose window Winograd computes, with the schedule's tile."""
+    from .kernels import settings
+    from .planner import winograd_tile
+    found = []
+    for spec in direct_specs:
+        if winograd_computes(spec.window):
+            tile = winograd_tile(spec.dtype, settings().schedule())
+            found.append(dataclasses.replace(spec, family="winograd", tile=tile))
+    return found

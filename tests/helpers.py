@@ -88,15 +88,15 @@ def call_problem(op, x, y, window, groups=1, layout="NCHW"):
                    transpose=op.startswith("conv_transpose2d"))
 
 
-def kernels_for(problem, specialize=True):
+def kernels_for(problem, specialize=True, algorithm="auto"):
     """The kernels the ops pick for `problem` under the active settings."""
-    return convgen.get_kernels(planner.plan(problem, specialize, settings().schedule()).spec)
+    return convgen.get_kernels(planner.plan(problem, specialize, settings().schedule(), algorithm).spec)
 
 
-def planned_threads(op, x, y, window, groups=1, layout="NCHW", specialize=True, nthreads=None):
+def planned_threads(op, x, y, window, groups=1, layout="NCHW", specialize=True, nthreads=None, algorithm="auto"):
     """{entry: threads} the kernels the ops pick plan for each entry point `op` runs."""
     problem = call_problem(op, x, y, window, groups, layout)
-    kernels = kernels_for(problem, specialize)
+    kernels = kernels_for(problem, specialize, algorithm)
     return {entry: kernels.threads(entry, problem, nthreads) for entry in OP_ENTRIES[op]}
 
 

@@ -1,6 +1,7 @@
 """Property tests: all four ops agree with convgen.reference on random convolutions.
 
-hypothesis draws the op, layout, dtype, variant, batch (0 included), channels and groups (depthwise
+hypothesis draws the op, layout, dtype, variant, algorithm (Winograd forced wherever it applies),
+batch (0 included), channels and groups (depthwise
 included), image size, padding form, output_padding and how the arrays are stored. Specialized
 calls draw their window from the windows tests/grid.py prebuilds, so no draw costs a compile;
 generic calls draw any window (kernel 1-5, stride 1-3, per-side padding 0-3, dilation 1-3) and
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 import convgen
 from convgen import reference
-from convgen.spec import Window
+from convgen.spec import Window, winograd_computes
 from grid import FORWARD_WINDOWS, GRADIENT_WINDOWS
 from helpers import assert_close, planned_threads
 
@@ -40,13 +41,16 @@ if os.environ.get("CONVGEN_PROPERTY_WINDOWS"):
     PREBUILT = [Window.parse(text) for text in os.environ["CONVGEN_PROPERTY_WINDOWS"].split()]
 else:
     PREBUILT = sorted(set(FORWARD_WINDOWS + GRADIENT_WINDOWS), key=Window.short)
+# The prebuilt windows Winograd computes: drawn one time in four, so forced Winograd gets examples.
+WINOGRAD_PREBUILT = [w for w in PREBUILT if winograd_computes(w)]
 
 
 @st.composite
 def windows(draw, specialize):
     """(kernel, stride, padding argument, dilation): a prebuilt window, or any window if generic."""
     if specialize:
-        window = draw(st.sampled_from(PREBUILT))
+        winograd_pool = WINOGRAD_PREBUILT and draw(st.integers(0, 3)) == 3
+        window = draw(st.sampled_from(WINOGRAD_PREBUILT if winograd_pool else PREBUILT))
         padding = window.padding
         (pt, pb), (pl, pr) = padding
         if pt == pb and pl == pr:  # the same window, written in the other forms
@@ -91,8 +95,11 @@ def cases(draw, op):
     n = draw(st.integers(1, 3) if large else st.integers(0, 3))
     more = 12 if large else 0  # larger images for the large examples
     extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    # Winograd forced wherever it applies (a specialized 3x3 window at stride 1 without dilation).
+    winograd_applies = specialize and winograd_computes(Window(kernel, stride, 0, dilation))
+    algorithm = draw(st.sampled_from(["auto", "direct", "winograd"] if winograd_applies else ["auto", "direct"]))
     kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
-                  specialize=specialize)
+                  specialize=specialize, algorithm=algorithm)
     if transposed:
         h, w = draw(st.integers(1, 7 + more)), draw(st.integers(1, 7 + more))
         if padding != "same":
@@ -136,7 +143,7 @@ def cases(draw, op):
 def _geometry_is_valid(op, case):
     """Whether the reference accepts the drawn sizes (transposed outputs can come out empty)."""
     forward = "conv_transpose2d" if op.startswith("conv_transpose2d") else "conv2d"
-    ref_kwargs = {k: v for k, v in case["kwargs"].items() if k != "specialize"}
+    ref_kwargs = {k: v for k, v in case["kwargs"].items() if k not in ("specialize", "algorithm")}
     try:
         return getattr(reference, forward)(case["x"], case["w"], **ref_kwargs).shape
     except ValueError:
@@ -152,9 +159,10 @@ def _refused(module, op, case, kwargs):
 
 
 def check(op, case):
-    ref_kwargs = {k: v for k, v in case["kwargs"].items() if k != "specialize"}
+    ref_kwargs = {k: v for k, v in case["kwargs"].items() if k not in ("specialize", "algorithm")}
     out_shape = _geometry_is_valid(op, case)
     event("refused" if out_shape is None else "several threads" if case["flops"] >= LARGE_FLOPS else "small")
+    event(f"algorithm={case['kwargs']['algorithm']}")
     if out_shape is None:
         # sizes the reference refuses must be refused by convgen too, never computed, by every op
         _refused(reference, op, case, ref_kwargs)
@@ -167,7 +175,8 @@ def check(op, case):
                                 case["x"].shape[2:] if case["kwargs"]["layout"] == "NCHW" else case["x"].shape[1:3],
                                 op.startswith("conv_transpose2d"))
         planned = planned_threads(op, case["x"], np.empty(out_shape, case["dtype"]), window, case["kwargs"]["groups"],
-                                  case["kwargs"]["layout"], case["kwargs"]["specialize"])
+                                  case["kwargs"]["layout"], case["kwargs"]["specialize"],
+                                  algorithm=case["kwargs"]["algorithm"])
         # The call runs on several threads. (Not every entry need: dW splits (image, group, 128
         # output pixels) units, so one image of at most 128 pixels is one unit, one thread.)
         assert max(planned.values()) >= 2, f"{op}: {case['flops']} FLOPs planned on {planned} threads"

@@ -449,14 +449,18 @@ def test_nan_and_inf_propagate_as_ieee_says(op, poisoned, specialize):
 # --------------------------------------------------------------------- what reaches the C source
 def test_only_validated_integers_and_fixed_names_reach_the_c_source():
     """Every template value is an int, a bool, a string of digits, a fixed table entry, or a field name."""
-    from convgen import abi, render
+    from fractions import Fraction
+
+    from convgen import abi, render, winograd
     from convgen.kernels import settings
-    from convgen.spec import DTYPES, LAYOUTS, ConvSpec, Window
+    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, ConvSpec, Window
 
     schedule = settings().schedule()
     window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)))
-    fixed = set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | {schedule.isa, schedule.ukernel, convgen.__version__}
-    for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW")):
+    fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES)
+             | {schedule.isa, schedule.ukernel, convgen.__version__})
+    winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4)
+    for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW"), winograd_spec):
         context = render.template_context(spec, schedule)
         def allowed(value):
             if isinstance(value, (list, tuple)):
@@ -466,7 +470,8 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
             if isinstance(value, str):
                 return (value.isdigit() or value in fixed or value == str(spec) or value in symbols
                         or (value.startswith("g->") and value[3:].isidentifier()))
-            return type(value) in (int, bool)
+            # Winograd's coefficients are exact rationals it computes itself; `combine` writes them as C.
+            return type(value) in (int, bool, Fraction) or value is winograd.linear_combination
 
         symbols = {spec.symbol(op) for op in abi.ENTRY_POINTS} | set(abi.signatures(spec).values())
         for key, value in context.items():
