@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .schedule import ISAS
-from .spec import DTYPES, LAYOUTS, ConvSpec, Window
+from .spec import DTYPES, LAYOUTS, WINOGRAD_TILES, ConvSpec, Window, winograd_computes
 
 DEFAULT_SPEC_FILE = "kernels.toml"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -81,14 +81,34 @@ def _positive(text: str) -> int:
 
 
 def _label(spec: ConvSpec) -> str:
-    """A spec as the CLI prints it: "k3s2p1 float32 NCHW", "generic float64 NHWC" (and a family other than direct)."""
-    family = [] if spec.family == "direct" else [spec.family]
-    return " ".join([spec.short(), *family, spec.dtype, spec.layout])
+    """A spec as the CLI prints it: "k3s2p1 float32 NCHW", "k3s1p1 winograd4 float32 NCHW", "generic float64 NHWC"."""
+    return " ".join(part for part in (spec.short(), spec.algorithm_suffix.lstrip("_"), spec.dtype, spec.layout) if part)
 
 
 def _spec_from_args(args) -> ConvSpec:
+    """The spec the arguments name. --algorithm auto (the default) takes Winograd for the windows it
+    computes, as the ops do for layers with enough channels; the generic build is always direct."""
+    generic = args.generic or args.spec.strip().lower() == "generic"
+    if args.algorithm == "winograd" and generic:
+        raise UsageError("--algorithm winograd needs a window: the generic build is always direct")
+    if args.tile is not None and (args.algorithm == "direct" or generic):
+        raise UsageError("--tile is the output tile of Winograd F(m x m, 3 x 3): it goes with --algorithm winograd "
+                         "or auto and a window")
     spec = ConvSpec.parse(args.spec, args.dtype, args.layout)
-    return spec.generic() if args.generic else spec
+    if generic:
+        return spec.generic()
+    if args.algorithm == "auto" and not winograd_computes(spec.window):
+        if args.tile is not None:
+            raise UsageError(f"--tile is for Winograd, which does not compute {spec.short()} (3x3 windows at stride 1 "
+                             f"without dilation only)")
+        return spec
+    if args.algorithm == "direct":
+        return spec
+    tile = args.tile if args.tile is not None else _schedule(args.isa).winograd_tile
+    try:
+        return ConvSpec.parse(args.spec, args.dtype, args.layout, "winograd", tile)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _schedule(isa: str | None):
@@ -176,9 +196,9 @@ def cmd_show(args) -> int:
         raise UsageError("--diff compares a specialized build with the generic one: give a window such as k3s1p1, "
                          "without --generic")
     generic, specialized = render(spec.generic(), schedule), render(spec, schedule)
-    what = f"{spec.dtype} {spec.layout}" + (f" --op {args.op}" if args.op else "")
+    op = f" --op {args.op}" if args.op else ""
     sys.stdout.write(unified_diff(_view(generic, args.op), _view(specialized, args.op),
-                                  f"generic {what}", f"specialized {spec.short()} {what}"))
+                                  f"generic {_label(spec.generic())[8:]}{op}", f"specialized {_label(spec)}{op}"))
     return EXIT_OK
 
 
@@ -266,6 +286,11 @@ def _add_spec_options(p, generic_help: str) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
     p.add_argument("--layout", default="NCHW", type=str.upper, choices=LAYOUTS, help="data layout (default NCHW)")
     p.add_argument("--generic", action="store_true", help=generic_help)
+    p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd"),
+                   help="the algorithm family: auto (default) takes winograd for 3x3 windows at stride 1 without "
+                        "dilation and direct for the rest; the generic build is always direct")
+    p.add_argument("--tile", type=int, choices=WINOGRAD_TILES,
+                   help="winograd: the output tile m of F(m x m, 3 x 3) (default: the schedule's)")
     p.add_argument("--isa", choices=ISAS,
                    help="render for this instruction set (default: CONVGEN_ISA, else the best this machine runs)")
 

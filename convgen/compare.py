@@ -4,32 +4,44 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import planner
 from .baselines import numpy_conv2d, torch_module
+from .kernels import settings
 from .ops import conv2d
-from .spec import Window, conv_flops
+from .resolve import conv_problem
+from .spec import Window
 from .timing import time_alternating
+
+
+def _algorithm_text(spec) -> str:
+    return f"winograd F({spec.tile}x{spec.tile})" if spec.family == "winograd" else spec.family
 
 
 def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype: str = "float32",
                   repeat: int = 7, with_baselines: bool = True) -> list[dict]:
-    """Time conv2d on one NCHW layer with each implementation; rows sorted as measured.
+    """Time conv2d on one NCHW layer with each implementation; rows in the order timed.
 
-    Each row: name, seconds (median per call), gflops, and speedup (the specialized kernel's
-    speed relative to this row's: > 1 means specialized is faster).
+    Each row: name, algorithm, seconds (median per call), gflops (the direct convolution's FLOP
+    count over the time: an *effective* rate, which Winograd can push past the FMA peak) and
+    speedup (this row's time over the specialized kernel's: > 1 means specialized is faster).
     """
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     weight = rng.standard_normal((f, c, *window.kernel)).astype(dtype)
     kw = dict(stride=window.stride, padding=window.padding, dilation=window.dilation)
-    y = np.empty_like(conv2d(x, weight, **kw))
-    funcs = {
-        "convgen specialized": lambda: conv2d(x, weight, **kw, out=y),
-        "convgen generic": lambda: conv2d(x, weight, **kw, specialize=False, out=y),
-    }
+    problem = conv_problem(x.shape, weight.shape, x.dtype, groups=1, layout="NCHW", **kw)
+    y = np.empty(problem.output_shape, dtype)
+    schedule = settings().schedule()
+    chosen = planner.plan(problem, True, schedule).spec
+    funcs = {"convgen specialized": (lambda: conv2d(x, weight, **kw, out=y), chosen)}
+    if chosen.family != "direct":  # what the algorithm buys over the direct kernel of the same window
+        funcs["convgen spec. direct"] = (lambda: conv2d(x, weight, **kw, algorithm="direct", out=y),
+                                         planner.plan(problem, True, schedule, "direct").spec)
+    funcs["convgen generic"] = (lambda: conv2d(x, weight, **kw, specialize=False, out=y), chosen.generic())
     symmetric = all(a == b for a, b in window.padding)
     if with_baselines and window.dilation == (1, 1) and symmetric:
         pads = (window.padding[0][0], window.padding[1][0])
-        funcs["numpy im2col+matmul"] = lambda: numpy_conv2d(x, weight, window.stride, pads)
+        funcs["numpy im2col+matmul"] = (lambda: numpy_conv2d(x, weight, window.stride, pads), None)
         torch = torch_module()
         if torch is not None:
             tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
@@ -37,18 +49,24 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
             def run_torch():
                 with torch.no_grad():
                     torch.nn.functional.conv2d(tx, tw, stride=window.stride, padding=pads)
-            funcs["pytorch"] = run_torch
-    seconds = time_alternating(funcs, repeat=repeat)
-    flops = conv_flops(n, f, c, window.kernel, y.shape[2:])
+            funcs["pytorch"] = (run_torch, None)
+    seconds = time_alternating({name: func for name, (func, _) in funcs.items()}, repeat=repeat)
     best = seconds["convgen specialized"]
-    return [{"name": name, "seconds": s, "gflops": flops / s / 1e9, "speedup": s / best}
-            for name, s in seconds.items()]
+    return [{"name": name, "algorithm": _algorithm_text(spec) if spec is not None else "",
+             "seconds": s, "gflops": problem.flops / s / 1e9, "speedup": s / best}
+            for (name, (_, spec)), s in zip(funcs.items(), seconds.values())]
+
+
+def _ratio(speedup: float) -> str:
+    """How the specialized kernel compares with a row: "1.27x faster" or "1.27x slower", never "0.79x faster"."""
+    return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'implementation':<22} {'time/call':>11} {'GFLOP/s':>9} {'specialized is':>15}"]
+    lines = [f"{'implementation':<22} {'algorithm':<18} {'time/call':>11} {'GFLOP/s':>9} {'specialized is':>15}"]
     for row in rows:
         ms = row["seconds"] * 1e3
-        ratio = "-" if row["name"] == "convgen specialized" else f"{row['speedup']:.2f}x faster"
-        lines.append(f"{row['name']:<22} {ms:>8.3f} ms {row['gflops']:>9.1f} {ratio:>15}")
+        ratio = "-" if row["name"] == "convgen specialized" else _ratio(row["speedup"])
+        lines.append(f"{row['name']:<22} {row['algorithm']:<18} {ms:>8.3f} ms {row['gflops']:>9.1f} {ratio:>15}")
+    lines.append("GFLOP/s: the direct convolution's FLOP count over the time (effective; Winograd does fewer).")
     return "\n".join(lines)

@@ -151,13 +151,14 @@ def test_cache_list_reads_the_spec_from_the_modules_symbols(tmp_path, spec):
 
 
 def test_build_reports_the_compilers_message_and_exits_1(tmp_path):
-    kernels = spec_file(tmp_path / "two.toml", '[[set]]\nwindows = ["k3s1p1"]\n')  # k3s1p1 and generic
+    kernels = spec_file(tmp_path / "three.toml", '[[set]]\nwindows = ["k3s1p1"]\n')  # direct, winograd, generic
     env = {"CONVGEN_CACHE_DIR": str(tmp_path / "cache"), "CONVGEN_CFLAGS": "-O2 -fno-such-flag"}
     proc = convgen("build", str(kernels), env=env)
     assert proc.returncode == 1
-    assert "2 kernel modules: 0 built, 0 already cached, 2 failed" in proc.stdout
+    assert "3 kernel modules: 0 built, 0 already cached, 3 failed" in proc.stdout
     failed = [line for line in proc.stderr.splitlines() if line.startswith("failed: ")]
-    assert sorted(line.split(":")[1].strip() for line in failed) == ["generic float32 NCHW", "k3s1p1 float32 NCHW"]
+    assert sorted(line.split(":")[1].strip() for line in failed) == [
+        "generic float32 NCHW", "k3s1p1 float32 NCHW", "k3s1p1 winograd4 float32 NCHW"]
     assert "-fno-such-flag" in proc.stderr.split("failed: ", 1)[1]  # the compiler's own complaint
 
 
@@ -235,7 +236,7 @@ def test_specialized_code_has_no_window_loops_and_generic_has():
 
 
 def test_show_diff_is_generic_against_specialized():
-    proc = convgen("show", "k3s1p1", "--diff", "--op", "forward")
+    proc = convgen("show", "k3s1p1", "--diff", "--op", "forward", "--algorithm", "direct")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "--- generic float32 NCHW --op forward"
@@ -247,8 +248,22 @@ def test_show_diff_is_generic_against_specialized():
     assert any(ConvSpec(None).symbol("fwd") in line for line in removed)
     # Applying the diff to the generic cut gives the specialized cut.
     generic = convgen("show", "k3s1p1", "--generic", "--op", "forward").stdout.splitlines()
-    special = convgen("show", "k3s1p1", "--op", "forward").stdout.splitlines()
+    special = convgen("show", "k3s1p1", "--op", "forward", "--algorithm", "direct").stdout.splitlines()
     assert _patch(generic, lines[2:]) == special
+
+
+def test_show_takes_winograd_for_a_3x3_stride_1_window():
+    """By default `show` renders what the ops run for such a window with enough channels: Winograd, whose
+    forward entry point has the generated transforms; --diff then shows the algorithm change itself."""
+    spec = ConvSpec.parse("k3s1p1", family="winograd", tile=4)
+    forward = convgen("show", "k3s1p1", "--op", "forward", "--tile", "4")
+    assert forward.returncode == 0, forward.stderr
+    assert spec.symbol("fwd") in forward.stdout and "(real)4 * " in forward.stdout
+    diff = convgen("show", "k3s1p1", "--diff", "--op", "forward", "--tile", "4").stdout.splitlines()
+    assert diff[1] == "+++ specialized k3s1p1 winograd4 float32 NCHW --op forward"
+    assert any(spec.symbol("fwd") in line for line in diff if line.startswith("+"))
+    assert convgen("show", "k3s2p1", "--tile", "4").returncode == 2  # no Winograd for stride 2
+    assert "--tile is the output tile" in convgen("show", "k3s1p1", "--algorithm", "direct", "--tile", "4").stderr
 
 
 def _patch(before, hunks):
@@ -467,8 +482,9 @@ def test_compare_prints_a_table_of_implementations():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "conv2d k3s1p1 float32 NCHW, x (1, 2, 6, 6) -> 3 channels"
-    assert lines[1].split() == ["implementation", "time/call", "GFLOP/s", "specialized", "is"]
-    rows = {re.split(r"\s{2,}", line.strip())[0]: line for line in lines[2:]}
+    assert lines[1].split() == ["implementation", "algorithm", "time/call", "GFLOP/s", "specialized", "is"]
+    assert lines[-1].startswith("GFLOP/s: the direct convolution's FLOP count")
+    rows = {re.split(r"\s{2,}", line.strip())[0]: line for line in lines[2:-1]}
     expected = {"convgen specialized", "convgen generic", "numpy im2col+matmul"}
     try:
         import torch  # noqa: F401
@@ -477,6 +493,11 @@ def test_compare_prints_a_table_of_implementations():
         pass
     assert set(rows) == expected
     number = r"\d+\.\d+"
-    assert re.fullmatch(rf"convgen specialized\s+{number} ms\s+{number}\s+-", rows["convgen specialized"])
+    # Two channels: too few for Winograd to pay, so "auto" runs the direct kernel.
+    assert re.fullmatch(rf"convgen specialized\s+direct\s+{number} ms\s+{number}\s+-", rows["convgen specialized"])
+    algorithms = {"convgen generic": r"direct\s+"}
     for name in expected - {"convgen specialized"}:
-        assert re.fullmatch(rf"{re.escape(name)}\s+{number} ms\s+{number}\s+{number}x faster", rows[name]), rows[name]
+        pattern = rf"{re.escape(name)}\s+{algorithms.get(name, '')}{number} ms\s+{number}\s+{number}x (faster|slower)"
+        assert re.fullmatch(pattern, rows[name]), rows[name]
+        ratio = float(rows[name].split()[-2].rstrip("x"))
+        assert ratio >= 1, "a ratio below 1 is written the other way round"
