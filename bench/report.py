@@ -1,19 +1,32 @@
-"""The benchmark's output: markdown tables (with the targets of issue 4 checked against them) and a bar chart."""
+"""The benchmark's output: markdown tables (with the targets of the Winograd issue checked against them,
+and the rows Winograd does not touch compared with an earlier run) and a bar chart.
+
+A result row (bench/run.py's run_case) is a dict: op, layer (name, k, s, is_3x3_s1, shape_text),
+gflop, algorithm (what the specialized implementation computed with), seconds and gflops per
+implementation, errors and error_limits per implementation, python_bytes and workspace_bytes per
+convgen implementation, output_bytes, other_load.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 
 MIB = 1 << 20
-NAMES = {"specialized": "convgen specialized", "generic": "convgen generic", "numpy": "NumPy im2col+matmul",
+NAMES = {"specialized": "convgen specialized", "direct": "convgen specialized, forced direct",
+         "generic": "convgen generic", "numpy": "NumPy im2col+matmul", "pytorch": "PyTorch"}
+SHORT = {"specialized": "specialized", "direct": "spec. direct", "generic": "generic", "numpy": "NumPy",
          "pytorch": "PyTorch"}
-SHORT = {"specialized": "specialized", "generic": "generic", "numpy": "NumPy", "pytorch": "PyTorch"}
 OP_TITLES = {"forward": "Forward (conv2d)", "backward": "Backward (dx + dw + db)",
              "transposed": "Transposed forward (conv_transpose2d)",
              "transposed_backward": "Transposed backward (dx + dw + db)"}
-IMPLS = ("specialized", "generic", "numpy", "pytorch")
+IMPLS = ("specialized", "direct", "generic", "numpy", "pytorch")
+CONVGEN_IMPLS = ("specialized", "direct", "generic")
 MEMORY_LIMIT = 32 * MIB
-ERROR_LIMIT = 1e-3  # float32 against NumPy's float32: anything above is a wrong result, not rounding
+ERROR_LIMIT = 1e-3  # direct float32 against NumPy's float32: anything above is a wrong result, not rounding
+# "Nothing slower elsewhere": a row Winograd does not touch counts as slower when its spec/PyTorch ratio
+# fell below this share of the earlier run's (shared machines drift by a few % between runs).
+SLOWER_TOLERANCE = 0.9
 
 
 def geomean(values) -> float:
@@ -21,16 +34,40 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+def stands_in(row, impl) -> str:
+    """The implementation whose time counts as `impl`'s on this row: "direct" was timed only where the
+    specialized kernel is another algorithm; elsewhere the specialized kernel is the direct one."""
+    if impl == "direct" and "direct" not in row["seconds"] and row["algorithm"] == "direct":
+        return "specialized"
+    return impl
+
+
 def ratio(row, a, b):
     """How many times faster implementation a ran than b on this row (None if either is missing)."""
+    a, b = stands_in(row, a), stands_in(row, b)
     if a in row["seconds"] and b in row["seconds"]:
         return row["seconds"][b] / row["seconds"][a]
     return None
 
 
+def timed_ratio(row, a, b):
+    """ratio(), but None unless both were timed on this row (a table cell, not a mean)."""
+    return ratio(row, a, b) if a in row["seconds"] and b in row["seconds"] else None
+
+
 def extra_bytes(row, impl) -> int:
     """Peak extra memory of one convgen call: the C workspace plus Python-side allocations (output excluded)."""
     return row["workspace_bytes"][impl] + row["python_bytes"][impl]
+
+
+def error_limit(row, impl) -> float:
+    return row.get("error_limits", {}).get(impl, ERROR_LIMIT)
+
+
+def wrong_results(results) -> list[str]:
+    """"op layer implementation" of every result outside its error bound against NumPy."""
+    return [f"{r['op']} {r['layer'].name} {impl} ({e:.1e} > {error_limit(r, impl):g})"
+            for r in results for impl, e in r["errors"].items() if not e <= error_limit(r, impl)]
 
 
 def _fmt(value, digits=1, suffix=""):
@@ -51,74 +88,120 @@ def _ops_in(results):
     return sorted({r["op"] for r in results}, key=order.index)
 
 
+def _impls_in(rows, among=IMPLS):
+    return [i for i in among if any(i in r["seconds"] for r in rows)]
+
+
 # -------------------------------------------------------------------------------------- tables
 def op_table(rows, peak_all) -> list[str]:
-    impls = [i for i in IMPLS if any(i in r["gflops"] for r in rows)]
-    head = (["layer", "GFLOP"] + [f"{SHORT[i]} GFLOP/s (% peak)" for i in impls]
-            + ["spec/generic", "spec/NumPy"] + (["spec/PyTorch"] if "pytorch" in impls else [])
-            + ["workspace MiB", "extra MiB"])
+    impls = _impls_in(rows)
+    ratios = [("direct", "spec/direct")] if "direct" in impls else []
+    ratios += [("generic", "spec/generic"), ("numpy", "spec/NumPy")] + ([("pytorch", "spec/PyTorch")]
+                                                                         if "pytorch" in impls else [])
+    head = (["layer", "algorithm", "GFLOP"] + [f"{SHORT[i]} eff. GFLOP/s (% peak)" for i in impls]
+            + [title for _, title in ratios] + ["workspace MiB", "extra MiB"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["layer"].name, _fmt(r["gflop"], 2)]
+        cells = [r["layer"].name, r["algorithm"], _fmt(r["gflop"], 2)]
         for i in impls:
             g = r["gflops"].get(i)
-            cells.append(f"{g:.1f} ({100 * g / peak_all:.0f}%)" if g is not None else "–")
-        cells += [_fmt(ratio(r, "specialized", "generic"), 2, "×"), _fmt(ratio(r, "specialized", "numpy"), 2, "×")]
-        if "pytorch" in impls:
-            cells.append(_fmt(ratio(r, "specialized", "pytorch"), 2, "×"))
+            if g is not None:
+                cells.append(f"{g:.1f} ({100 * g / peak_all:.0f}%)")
+            else:
+                cells.append("= specialized" if stands_in(r, i) == "specialized" else "–")
+        cells += [_fmt(timed_ratio(r, "specialized", other), 2, "×") for other, _ in ratios]
         cells += [_fmt(r["workspace_bytes"]["specialized"] / MIB, 2), _fmt(extra_bytes(r, "specialized") / MIB, 2)]
         lines.append("| " + " | ".join(cells) + " |")
     if len(rows) > 1:
-        cells = ["**geometric mean**", ""]
+        cells = ["**geometric mean**", "", ""]
         for i in impls:
-            g = geomean(r["gflops"].get(i) for r in rows)
+            g = geomean(r["gflops"].get(stands_in(r, i)) for r in rows)
             cells.append(f"{g:.1f} ({100 * g / peak_all:.0f}%)")
-        cells += [_fmt(geomean(ratio(r, "specialized", "generic") for r in rows), 2, "×"),
-                  _fmt(geomean(ratio(r, "specialized", "numpy") for r in rows), 2, "×")]
-        if "pytorch" in impls:
-            cells.append(_fmt(geomean(ratio(r, "specialized", "pytorch") for r in rows), 2, "×"))
+        cells += [_fmt(geomean(ratio(r, "specialized", other) for r in rows), 2, "×") for other, _ in ratios]
         cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def memory_table(results) -> list[str]:
-    head = ["op", "layer", "spec workspace MiB", "spec Python MiB", "spec extra MiB", "generic workspace MiB",
-            "generic Python MiB", "generic extra MiB", "output MiB", "NumPy MiB (incl. its output)"]
+    impls = [i for i in CONVGEN_IMPLS if any(i in r["workspace_bytes"] for r in results)]
+    head = ["op", "layer", "algorithm"]
+    for i in impls:
+        head += [f"{SHORT[i]} workspace MiB", f"{SHORT[i]} Python MiB", f"{SHORT[i]} extra MiB"]
+    head += ["output MiB", "NumPy MiB (incl. its output)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        lines.append("| " + " | ".join([
-            r["op"], r["layer"].name,
-            _fmt(r["workspace_bytes"]["specialized"] / MIB, 2), _fmt(r["python_bytes"]["specialized"] / MIB, 3),
-            _fmt(extra_bytes(r, "specialized") / MIB, 2),
-            _fmt(r["workspace_bytes"]["generic"] / MIB, 2), _fmt(r["python_bytes"]["generic"] / MIB, 3),
-            _fmt(extra_bytes(r, "generic") / MIB, 2),
-            _fmt(r["output_bytes"] / MIB, 2), _fmt(r["python_bytes"]["numpy"] / MIB, 1)]) + " |")
+        cells = [r["op"], r["layer"].name, r["algorithm"]]
+        for i in impls:
+            if i in r["workspace_bytes"]:
+                cells += [_fmt(r["workspace_bytes"][i] / MIB, 2), _fmt(r["python_bytes"][i] / MIB, 3),
+                          _fmt(extra_bytes(r, i) / MIB, 2)]
+            else:
+                cells += ["–", "–", "–"]
+        cells += [_fmt(r["output_bytes"] / MIB, 2), _fmt(r["python_bytes"]["numpy"] / MIB, 1)]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def detail_table(results) -> list[str]:
-    impls = [i for i in IMPLS if any(i in r["seconds"] for r in results)]
-    head = ["op", "layer", "shape"] + [f"{SHORT[i]} ms" for i in impls] + \
-           [f"{SHORT[i]} error" for i in impls if i != "numpy"] + ["other processes' CPU"]
+    impls = _impls_in(results)
+    head = ["op", "layer", "shape", "algorithm"] + [f"{SHORT[i]} ms" for i in impls] + \
+           [f"{SHORT[i]} error" for i in impls if i != "numpy"] + ["specialized bound", "other processes' CPU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["op"], r["layer"].name, r["layer"].shape_text]
+        cells = [r["op"], r["layer"].name, r["layer"].shape_text, r["algorithm"]]
         cells += [_fmt(r["seconds"][i] * 1e3, 3) if i in r["seconds"] else "–" for i in impls]
         for i in impls:
             if i != "numpy":
                 e = r["errors"].get(i)
-                cells.append("–" if e is None else (f"{e:.1e}" if e <= ERROR_LIMIT else f"**{e:.1e} WRONG**"))
+                cells.append("–" if e is None else (f"{e:.1e}" if e <= error_limit(r, i) else f"**{e:.1e} WRONG**"))
+        cells.append(f"{error_limit(r, 'specialized'):g}")
         cells.append(_fmt(None if r.get("other_load") is None else 100 * r["other_load"], 0, "%"))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
+# ------------------------------------------------------------------------------- an earlier run
+def read_previous(path) -> dict | None:
+    """What an earlier bench.md says: its date, CPU and each row's spec/PyTorch ratio by (op, layer).
+
+    Reads the tables under the op headings by their column titles, so a bench.md from before Winograd
+    (no algorithm column) reads as well. None if the file holds no such table.
+    """
+    text = path.read_text(encoding="utf-8")
+    by_title = {title: op for op, title in OP_TITLES.items()}
+    op, header, ratios = None, None, {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            op, header = by_title.get(line.lstrip("#").strip()), None
+            continue
+        if op is None or not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            continue
+        if set(line.strip()) <= set("|-: ") or "spec/PyTorch" not in header or cells[0].startswith("**"):
+            continue
+        try:
+            ratios[(op, cells[0])] = float(cells[header.index("spec/PyTorch")].rstrip("×x"))
+        except (ValueError, IndexError):
+            continue
+    if not ratios:
+        return None
+    date = re.search(r"^Measured (.+?) by `", text, re.M)
+    cpu = re.search(r"^- CPU: (.+?), \d+ cores", text, re.M)
+    return {"path": str(path), "date": date.group(1) if date else "an unknown date",
+            "cpu": cpu.group(1) if cpu else "an unknown CPU", "ratios": ratios}
+
+
 # ------------------------------------------------------------------------------------- targets
-def targets(results, peak_all, partial) -> list[str]:
-    """The targets of issue 4, each met or not met by this run's numbers (or not measured)."""
+def targets(results, fma, info, previous=None) -> list[str]:
+    """The targets of the Winograd issue, each met or not met by this run's numbers (or not measured)."""
+    peak_all, threads = fma["gflops_all"], fma["threads"]
     by_op = {op: [r for r in results if r["op"] == op] for op in OP_TITLES}
-    fwd, bwd, tr = by_op["forward"], by_op["backward"], by_op["transposed"] + by_op["transposed_backward"]
+    fwd = by_op["forward"]
+    fwd3 = [r for r in fwd if r["layer"].is_3x3_s1]
     have_torch = any("pytorch" in r["seconds"] for r in results)
     lines = []
 
@@ -126,60 +209,121 @@ def targets(results, peak_all, partial) -> list[str]:
         verdict = "not measured" if met is None else ("**met**" if met else "**not met**")
         lines.append(f"- {text}: {verdict}{'' if value is None else ' — ' + value}")
 
-    def torch_geomean(rows):
-        return geomean(ratio(r, "specialized", "pytorch") for r in rows) if rows and have_torch else None
+    def each(rows, other):
+        return ", ".join(f"{r['layer'].name} {ratio(r, 'specialized', other):.2f}×" for r in rows)
 
-    g = torch_geomean(fwd)
-    line("forward, specialized ≥ PyTorch on the geometric mean", None if g is None else g >= 1.0,
-         None if g is None else f"{g:.2f}×")
-    if fwd and have_torch:
-        per = {r["layer"].name: ratio(r, "specialized", "pytorch") for r in fwd}
-        below = [f"{name} {v:.2f}×" for name, v in per.items() if v < 0.8]
-        line("forward, specialized ≥ 0.8× PyTorch on every layer", not below,
-             f"lowest {min(per.values()):.2f}× ({min(per, key=per.get)})" + (f"; below: {', '.join(below)}" if below else ""))
+    def geomean_target(text, rows, other, goal):
+        if not rows or (other == "pytorch" and not have_torch):
+            return line(text, None, None)
+        g = geomean(ratio(r, "specialized", other) for r in rows)
+        line(text, g >= goal, f"{g:.2f}× ({each(rows, other)})")
+
+    def one_row_target(text, rows, other, goal, note=""):
+        if not rows or (other == "pytorch" and not have_torch):
+            return line(text, None, None)
+        v = ratio(rows[0], "specialized", other)
+        line(text, v >= goal, f"{v:.2f}× ({rows[0]['algorithm']}){note}")
+
+    geomean_target("forward float32 NCHW, 3×3 stride-1 layers: specialized ≥ 1.6× PyTorch on the geometric mean",
+                   fwd3, "pytorch", 1.6)
+    text = "forward float32 NCHW, every 3×3 stride-1 layer: specialized ≥ 1.2× PyTorch"
+    if fwd3 and have_torch:
+        per = {r["layer"].name: ratio(r, "specialized", "pytorch") for r in fwd3}
+        below = [f"{name} {v:.2f}×" for name, v in per.items() if v < 1.2]
+        lowest = min(per, key=per.get)
+        line(text, not below,
+             f"lowest {per[lowest]:.2f}× ({lowest})" + (f"; below: {', '.join(below)}" if below else ""))
     else:
-        line("forward, specialized ≥ 0.8× PyTorch on every layer", None, None)
+        line(text, None, None)
     resnet = [r for r in fwd if r["layer"].name == "resnet3x3"]
+    text = f"forward, resnet3x3: effective GFLOP/s ≥ 1.5× the measured FMA peak ({threads} threads)"
     if resnet:
-        share = resnet[0]["gflops"]["specialized"] / peak_all
-        line("forward, specialized ≥ 70% of peak on resnet3x3", share >= 0.7,
-             f"{100 * share:.0f}% ({resnet[0]['gflops']['specialized']:.1f} of {peak_all:.1f} GFLOP/s)")
+        g = resnet[0]["gflops"]["specialized"]
+        line(text, g >= 1.5 * peak_all, f"{g / peak_all:.2f}× ({g:.1f} effective GFLOP/s, peak {peak_all:.1f}; "
+                                        f"{resnet[0]['algorithm']})")
     else:
-        line("forward, specialized ≥ 70% of peak on resnet3x3", None, None)
-    g = geomean(ratio(r, "specialized", "numpy") for r in fwd) if fwd else None
-    line("forward, specialized ≥ 3× NumPy on the geometric mean", None if g is None else g >= 3.0,
-         None if g is None else f"{g:.2f}×")
-    g = geomean(ratio(r, "specialized", "generic") for r in fwd) if fwd else None
-    every = geomean(ratio(r, "specialized", "generic") for r in results)
-    line("specialized ≥ 1.2× generic on the geometric mean (forward)", None if g is None else g >= 1.2,
-         None if g is None else f"{g:.2f}× (over every measured row: {every:.2f}×)")
-    g = torch_geomean(bwd)
-    line("backward (dx+dw+db), specialized ≥ 0.8× PyTorch on the geometric mean", None if g is None else g >= 0.8,
-         None if g is None else f"{g:.2f}×")
-    g = torch_geomean(tr)
-    parts = ", ".join(f"{r['op']} {ratio(r, 'specialized', 'pytorch'):.2f}×" for r in tr) if g is not None else ""
-    line("transposed (forward and backward), specialized ≥ 0.8× PyTorch on the geometric mean",
-         None if g is None else g >= 0.8, None if g is None else f"{g:.2f}× ({parts})")
-    worst = max(results, key=lambda r: extra_bytes(r, "specialized"))
-    worst_generic = max(results, key=lambda r: extra_bytes(r, "generic"))
+        line(text, None, None)
+    geomean_target("forward, 3×3 stride-1 layers: specialized ≥ 1.6× generic on the geometric mean",
+                   fwd3, "generic", 1.6)
+    text = "forward, whole suite: specialized ≥ 1.25× generic on the geometric mean"
+    if fwd:
+        g = geomean(ratio(r, "specialized", "generic") for r in fwd)
+        rest = geomean(ratio(r, "specialized", "generic") for r in fwd if not r["layer"].is_3x3_s1)
+        line(text, g >= 1.25, f"{g:.2f}× (the other layers alone: {_fmt(rest, 2, '×')})")
+    else:
+        line(text, None, None)
+    one_row_target("backward (dx+dw+db), resnet3x3: specialized ≥ 1.2× PyTorch",
+                   [r for r in by_op["backward"] if r["layer"].name == "resnet3x3"], "pytorch", 1.2)
+    tr3 = [r for r in by_op["transposed"] if r["layer"].is_3x3_s1]
+    trb3 = [r for r in by_op["transposed_backward"] if r["layer"].is_3x3_s1]
+    note = ""
+    if tr3 and trb3 and have_torch and trb3[0]["layer"].name == tr3[0]["layer"].name:
+        note = f"; its backward {ratio(trb3[0], 'specialized', 'pytorch'):.2f}×, not a target"
+    one_row_target(f"conv_transpose2d, 3×3 stride-1 window{' (' + tr3[0]['layer'].name + ')' if tr3 else ''}: "
+                   "specialized ≥ 1.5× PyTorch", tr3, "pytorch", 1.5, note)
+    lines.extend(_nothing_slower(results, have_torch, previous, info.get("cpu")))
+    present = [i for i in CONVGEN_IMPLS if any(i in r["workspace_bytes"] for r in results)]
+    largest = {i: max((r for r in results if i in r["workspace_bytes"]), key=lambda r: extra_bytes(r, i))
+               for i in present}
     line("peak extra memory per call ≤ 32 MiB on every layer (C workspace + Python-side, output excluded)",
-         extra_bytes(worst, "specialized") <= MEMORY_LIMIT,
-         f"largest {extra_bytes(worst, 'specialized') / MIB:.2f} MiB specialized ({worst['op']} "
-         f"{worst['layer'].name}), {extra_bytes(worst_generic, 'generic') / MIB:.2f} MiB generic "
-         f"({worst_generic['op']} {worst_generic['layer'].name})")
-    wrong = [f"{r['op']} {r['layer'].name} {i}" for r in results for i, e in r["errors"].items() if e > ERROR_LIMIT]
+         all(extra_bytes(r, i) <= MEMORY_LIMIT for i, r in largest.items()),
+         "largest " + ", ".join(f"{extra_bytes(r, i) / MIB:.2f} MiB {SHORT[i]} ({r['op']} {r['layer'].name})"
+                                for i, r in largest.items()))
+
+    # Not targets: what the algorithm buys over direct code for the same window, and the run's caveats.
+    chosen = [r for r in fwd if "direct" in r["seconds"]]
+    if chosen:
+        lines.append(f"- for reference, what the algorithm buys over specialized direct code for the same window "
+                     f"(forward): {geomean(ratio(r, 'specialized', 'direct') for r in chosen):.2f}× on the geometric "
+                     f"mean ({each(chosen, 'direct')})")
+    if info.get("algorithm") == "direct":
+        lines.append("- this run forced every specialized kernel to direct code (--algorithm direct)")
+    wrong = wrong_results(results)
     if wrong:
-        lines.append(f"- results that disagree with NumPy (relative error > {ERROR_LIMIT:g}): {', '.join(wrong)}")
+        lines.append(f"- results that disagree with NumPy beyond their bound: {', '.join(wrong)}")
     shares = [r["other_load"] for r in results if r.get("other_load") is not None]
     if shares and max(shares) > 0.1:
         lines.append(f"- other processes took up to {100 * max(shares):.0f}% of the CPU during some rows "
                      "(see the last column below): those rows are slower and noisier than this machine's best")
-    if partial:
+    if info.get("partial"):
         lines.append("- this run covered part of the suite only (--layers/--ops): the means are over what ran")
     return lines
 
 
-def markdown(results, fma, info, chart=None) -> str:
+def _nothing_slower(results, have_torch, previous, cpu=None) -> list[str]:
+    """The rows without a 3×3 stride-1 window (Winograd does not touch them): spec/PyTorch now and in
+    an earlier run, and whether any fell by more than the tolerance. Ratios from another CPU are
+    shown but not judged: how convgen and PyTorch compare depends on the machine."""
+    text = (f"nothing slower elsewhere: rows without a 3×3 stride-1 window keep their spec/PyTorch ratio "
+            f"(at least {SLOWER_TOLERANCE:.0%} of the earlier run's)")
+    others = [r for r in results if not r["layer"].is_3x3_s1]
+    if not others or not have_torch:
+        return [f"- {text}: not measured"]
+    old = previous["ratios"] if previous else {}
+    parts, slower, compared = [], [], 0
+    for r in others:
+        now, before = ratio(r, "specialized", "pytorch"), old.get((r["op"], r["layer"].name))
+        parts.append(f"{r['op']} {r['layer'].name} {now:.2f}×" + ("" if before is None else f" (was {before:.2f}×)"))
+        if before is not None:
+            compared += 1
+            if now < SLOWER_TOLERANCE * before:
+                slower.append(f"{r['op']} {r['layer'].name}")
+    if not compared:
+        verdict = "not measured against an earlier run"
+        source = "" if previous else " (no earlier bench.md to compare with: see --previous)"
+    elif cpu is not None and previous["cpu"] != cpu:
+        verdict = "not judged: the earlier run was on another CPU"
+        source = (f" (earlier run: {previous['date']} on {previous['cpu']}, {previous['path']}"
+                  + ("" if not slower else f"; below {SLOWER_TOLERANCE:.0%} of it: {', '.join(slower)}") + ")")
+    else:
+        verdict = "**not met**" if slower else "**met**"
+        source = (f" (earlier run: {previous['date']} on {previous['cpu']}, {previous['path']}"
+                  + ("" if not slower else f"; slower: {', '.join(slower)}") + ")")
+    return [f"- {text}: {verdict} — {', '.join(parts)}{source}"]
+
+
+# -------------------------------------------------------------------------------------- markdown
+def markdown(results, fma, info, chart=None, previous=None) -> str:
     peak_all = fma["gflops_all"]
     out = ["# convgen benchmark", ""]
     out += [f"Measured {info['date']} by `{info['command']}` ({info['repeat']} timed samples per "
@@ -201,61 +345,84 @@ def markdown(results, fma, info, chart=None) -> str:
             + (f"; for its own process the bench did: {info['blas_env']} (see bench/run.py)" if info["blas_env"] else ""),
             f"- convgen at commit {info['revision']}; compiler: {info['compiler']}; "
             f"schedule: `{info['schedule']}`", ""]
-    out += ["GFLOP/s: forward counts 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw, 2× the forward "
+    out += ["GFLOP/s are **effective**: the direct convolution's FLOP count divided by the time, whatever "
+            "algorithm ran. Forward counts 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw, 2× the forward "
             "(db is not counted); a transposed convolution counts as the conv2d whose input gradient it is "
-            "(2·N·C_in·C_out·KH·KW·H·W), its backward twice that. Ratios are time ratios (> 1: specialized is faster). "
+            "(2·N·C_in·C_out·KH·KW·H·W), its backward twice that. Winograd F(m×m, 3×3) does fewer multiplies "
+            "than that count (F(4×4, 3×3): 36 per 4×4 output tile and input channel instead of 144, a quarter; "
+            "its transforms are additions and constant multiplies), so its effective rate can exceed 100 % of "
+            "the FMA peak: past 100 %, the algorithm saved work the hardware did not have to do.", "",
+            "algorithm: what the specialized implementation computed with, as `convgen.planner.plan` chooses "
+            "for the window (`algorithm=\"auto\"`); Winograd computes a convolution and an input gradient, a "
+            "weight gradient is always direct. spec. direct: the same specialized build forced to "
+            "`algorithm=\"direct\"`, timed on rows where the planner chose another algorithm (\"= specialized\" "
+            "where the specialized kernel is direct already; the geometric means count it so). "
+            "generic: the generic build, always direct. Ratios are time ratios (> 1: specialized is faster). "
             "convgen writes into preallocated outputs (out=); NumPy and PyTorch allocate theirs. "
             "PyTorch gradients: `torch.ops.aten.convolution_backward` (what autograd calls), dx, dw and db in one call. "
-            "workspace MiB: the C workspace convgen's kernel reports (largest kernel call of the op); "
+            "workspace MiB: the C workspace convgen's specialized kernel reports (largest kernel call of the op); "
             "extra MiB: that plus the Python-side peak (tracemalloc), the output arrays excluded.", ""]
     for op in _ops_in(results):
         out += [f"## {OP_TITLES[op]}", ""] + op_table([r for r in results if r["op"] == op], peak_all) + [""]
-    out += ["## Targets (issue 4)", ""] + targets(results, peak_all, info["partial"]) + [""]
+    out += ["## Targets (Winograd issue)", ""] + targets(results, fma, info, previous) + [""]
     out += ["## Memory per call", ""] + memory_table(results) + [""]
     out += ["## Times per call and agreement with NumPy", "",
-            "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both). "
-            "other processes' CPU: the share of the machine's CPU time used by other processes while the row was timed.", ""] + detail_table(results) + [""]
+            "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing. "
+            f"Direct code must agree within {ERROR_LIMIT:g}; a Winograd kernel within its own bound "
+            "(`convgen.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
+            "other processes' CPU: the share of the machine's CPU time used by other processes while the row "
+            "was timed.",
+            ""] + detail_table(results) + [""]
     if chart:
-        out += [f"![GFLOP/s per layer]({chart})", ""]
+        out += [f"![effective GFLOP/s per layer]({chart})", ""]
     return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------- chart
 def chart(results, fma, path) -> None:
-    """Grouped bars (one group per layer, one bar per implementation, its GFLOP/s on top), one panel per op."""
+    """Grouped bars (one group per layer, one bar per implementation timed on it, its effective GFLOP/s
+    on top), one panel per op; each layer's label names the specialized algorithm unless it is direct."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     ops = _ops_in(results)
     ncols = min(2, len(ops))
     nrows = -(-len(ops) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 4.2 * nrows), sharey=True, squeeze=False)
-    colors = {"specialized": "#1f77b4", "generic": "#aec7e8", "numpy": "#ff7f0e", "pytorch": "#2ca02c"}
-    impls = [i for i in IMPLS if any(i in r["gflops"] for r in results)]
+    most = max(sum(r["op"] == op for r in results) for op in ops)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.5, 1.0 + 0.85 * most) * ncols, 4.6 * nrows),
+                             sharey=True, squeeze=False)
+    colors = {"specialized": "#1f77b4", "direct": "#9467bd", "generic": "#aec7e8", "numpy": "#ff7f0e",
+              "pytorch": "#2ca02c"}
+    impls = _impls_in(results)
     bar = 0.8 / len(impls)
     top = max([fma["gflops_all"]] + [g for r in results for g in r["gflops"].values()])
     for ax, op in zip(axes.flat, ops):
         rows = [r for r in results if r["op"] == op]
-        for k, impl in enumerate(impls):
-            xs = [j + (k - (len(impls) - 1) / 2) * bar for j in range(len(rows))]
-            heights = [r["gflops"].get(impl, 0.0) for r in rows]
-            ax.bar(xs, heights, bar, label=NAMES[impl], color=colors[impl])
-            for x, height in zip(xs, heights):
+        for j, r in enumerate(rows):
+            present = [i for i in impls if i in r["gflops"]]
+            for k, impl in enumerate(present):
+                x, height = j + (k - (len(present) - 1) / 2) * bar, r["gflops"][impl]
+                ax.bar(x, height, bar, color=colors[impl])
                 ax.text(x, height + top * 0.01, f"{height:.0f}", ha="center", va="bottom", fontsize=6, rotation=90)
         ax.axhline(fma["gflops_all"], color="grey", linestyle="--", linewidth=1)
         ax.text(-0.45, fma["gflops_all"], f"FMA peak {fma['gflops_all']:.0f}", va="bottom", fontsize=7, color="grey")
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([r["layer"].name for r in rows], rotation=20, ha="right")
+        labels = [r["layer"].name + ("" if r["algorithm"] == "direct" else "\n" + r["algorithm"].split(",")[0])
+                  for r in rows]
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.5, max(len(rows), 3) - 0.5)  # a one-layer panel keeps the bar width of the others
         ax.set_ylim(0, top * 1.15)
         ax.set_title(OP_TITLES[op], fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[:, 0]:
-        ax.set_ylabel("GFLOP/s (float32, all threads)")
+        ax.set_ylabel("effective GFLOP/s (float32, all threads)")
     for ax in list(axes.flat)[len(ops):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    # Above the panels, where no bar can hide behind it.
+    fig.legend([Patch(color=colors[i]) for i in impls], [NAMES[i] for i in impls], fontsize=8, ncol=len(impls),
+               loc="upper center", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)

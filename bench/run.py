@@ -1,16 +1,24 @@
 """convgen's benchmark: forward, backward and transposed convolution on a fixed suite of layers.
 
-Each (op, layer) row times convgen specialized, convgen generic, NumPy (im2col by as_strided, then
-matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports), alternated within
-one run (convgen.timing.time_alternating: medians after warm-up), float32, NCHW, all threads. Every
-result is first checked against NumPy's. Writes bench/results/bench.md and bench/results/bench.png
-and prints the tables.
+Each (op, layer) row times convgen specialized (the algorithm the planner picks for the window:
+direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows), convgen specialized forced to
+algorithm="direct" (on rows where the planner picked another algorithm: what that algorithm buys
+over direct code for the same window), convgen generic (always direct), NumPy (im2col by
+as_strided, then matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports),
+alternated within one run (convgen.timing.time_alternating: medians after warm-up), float32, NCHW,
+all threads. Every result is first checked against NumPy's, within 1e-3 relative error for direct
+code and within convgen.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is
+marked in the tables and makes the script exit with status 1. Writes bench/results/bench.md and
+bench/results/bench.png and prints the tables.
 
     python bench/run.py                        # the whole suite (make bench)
     python bench/run.py --quick --layers resnet3x3,batch1_3x3 --ops forward
+    python bench/run.py --algorithm direct     # every specialized kernel direct: the suite before Winograd
 
-FLOP convention: forward 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw (2× the forward, db
-not counted); a transposed convolution counts as the conv2d whose input gradient it is.
+FLOP convention: forward 2·N·F·(C/g)·KH·KW·Ho·Wo, the direct convolution's count whatever algorithm
+ran, so GFLOP/s is an *effective* rate (Winograd does fewer multiplies and can pass the FMA peak);
+backward counts dx and dw (2× the forward, db not counted); a transposed convolution counts as the
+conv2d whose input gradient it is.
 """
 
 from __future__ import annotations
@@ -47,15 +55,20 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 import numpy as np  # noqa: E402
 
 import convgen  # noqa: E402
-from convgen import baselines, resolve  # noqa: E402
-from convgen.spec import ConvSpec, Window  # noqa: E402
+from convgen import baselines, planner, resolve, winograd  # noqa: E402
+from convgen.problem import Problem  # noqa: E402
+from convgen.spec import ConvSpec  # noqa: E402
 from convgen.timing import time_alternating  # noqa: E402
 
 import peak  # noqa: E402
 import report  # noqa: E402
 
-IMPLS = ("specialized", "generic", "numpy", "pytorch")
+# "direct" is convgen's specialized build forced to algorithm="direct"; timed only on rows where the
+# planner chose another algorithm for "specialized" (elsewhere the two are the same kernel).
+IMPLS = ("specialized", "direct", "generic", "numpy", "pytorch")
+CONVGEN_IMPLS = ("specialized", "direct", "generic")
 OPS = ("forward", "backward", "transposed", "transposed_backward")
+ERROR_LIMIT = report.ERROR_LIMIT  # relative error against NumPy's float32 above which direct code is wrong
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +90,20 @@ class Layer:
     def shape_text(self) -> str:
         return f"{self.n}×{self.c}×{self.h}×{self.w} → {self.f} ch, k{self.k}s{self.s}p{self.p}"
 
+    @property
+    def is_3x3_s1(self) -> bool:
+        """A 3×3 window at stride 1 (no dilation in the suite): the windows Winograd computes."""
+        return self.k == 3 and self.s == 1
+
+    def problem(self) -> Problem:
+        """The resolved problem of this layer's forward (or transposed forward) call, float32 NCHW."""
+        x_shape = (self.n, self.c, self.h, self.w)
+        if self.transposed:
+            return resolve.transposed_problem(x_shape, (self.c, self.f, self.k, self.k), np.dtype(np.float32),
+                                              self.s, self.p, 1, 1, "NCHW", 0)
+        return resolve.conv_problem(x_shape, (self.f, self.c, self.k, self.k), np.dtype(np.float32),
+                                    self.s, self.p, 1, 1, "NCHW")
+
 
 SUITE = (
     Layer("resnet3x3", 8, 64, 56, 56, 64, 3, 1, 1),
@@ -85,12 +112,51 @@ SUITE = (
     Layer("pointwise1x1", 8, 256, 14, 14, 256, 1, 1, 0),
     Layer("mnist5x5", 32, 1, 28, 28, 16, 5, 1, 2),
     Layer("batch1_3x3", 1, 32, 32, 32, 32, 3, 1, 1),
+    # More 3×3 stride-1 layers, where Winograd applies: wide and narrow channel counts, a spatial size
+    # that is no multiple of any tile (27 = 6·4 + 3), a large batch of few channels.
+    Layer("wide3x3", 8, 256, 14, 14, 256, 3, 1, 1),
+    Layer("narrow3x3", 8, 16, 56, 56, 16, 3, 1, 1),
+    Layer("odd3x3", 4, 96, 27, 27, 96, 3, 1, 1),
+    Layer("bigbatch3x3", 32, 8, 32, 32, 8, 3, 1, 1),
     Layer("dcgan4x4s2", 8, 64, 28, 28, 32, 4, 2, 1, transposed=True),
+    Layer("deconv3x3", 8, 64, 28, 28, 64, 3, 1, 1, transposed=True),
 )
 
 
 def ops_of(layer: Layer) -> tuple[str, ...]:
     return ("transposed", "transposed_backward") if layer.transposed else ("forward", "backward")
+
+
+# The entry points each op calls, in order (a transposed problem runs them as its conv()).
+ENTRIES = {"forward": ("fwd",), "backward": ("bwd_data", "bwd_weight"), "transposed": ("bwd_data",),
+           "transposed_backward": ("fwd", "bwd_weight")}
+
+
+def algorithm_text(spec: ConvSpec) -> str:
+    """"direct" or "winograd F(4x4)": the algorithm a specialized kernel module computes with."""
+    return f"winograd F({spec.tile}x{spec.tile})" if spec.family == "winograd" else spec.family
+
+
+def specs_of(problem: Problem, algorithm: str) -> dict:
+    """The kernel module each convgen implementation calls for `problem`, as the ops plan it:
+    {"specialized": the planner's choice under `algorithm`, "direct": the specialized direct module
+    (only when "specialized" is another family), "generic": the generic module}."""
+    schedule = convgen.kernels.settings().schedule()
+    chosen = planner.plan(problem, True, schedule, algorithm).spec
+    specs = {"specialized": chosen}
+    if chosen.family != "direct":
+        specs["direct"] = planner.plan(problem, True, schedule, "direct").spec
+    specs["generic"] = planner.plan(problem, False, schedule).spec
+    return specs
+
+
+def row_algorithm(op: str, spec: ConvSpec) -> str:
+    """What the specialized implementation of an `op` row computes with. Winograd computes a
+    convolution and an input gradient; a weight gradient is always direct."""
+    text = algorithm_text(spec)
+    if spec.family != "direct" and op in ("backward", "transposed_backward"):
+        return f"{text} dx, direct dw"
+    return text
 
 
 # ------------------------------------------------------------------------------------ one row
@@ -100,10 +166,12 @@ class Case:
 
     op: str
     layer: Layer
-    flops: int
+    flops: int               # the direct convolution's count: GFLOP/s is effective for other algorithms
     funcs: dict              # implementation -> zero-argument callable returning its result
     workspace: dict          # convgen implementation -> C workspace bytes (largest kernel call of the op)
     output_bytes: int        # the result arrays, preallocated for convgen (out=), new for the others
+    algorithm: str           # what the specialized implementation computes with ("direct", "winograd F(4x4)")
+    error_limits: dict       # implementation -> largest relative error against NumPy that counts as right
 
 
 def _relative_error(got, expected) -> float:
@@ -118,64 +186,55 @@ def _relative_error(got, expected) -> float:
     return worst
 
 
-def make_case(op: str, layer: Layer, torch) -> Case:
-    """Inputs, outputs and callables of one row."""
+def make_case(op: str, layer: Layer, torch, algorithm: str = "auto") -> Case:
+    """Inputs, outputs and callables of one row; the specialized implementation runs `algorithm`."""
     rng = np.random.default_rng(0)
     L = layer
     stride, padding = (L.s, L.s), (L.p, L.p)
-    kw = dict(stride=L.s, padding=L.p)
     x = rng.standard_normal((L.n, L.c, L.h, L.w), dtype=np.float32)
-    if not L.transposed:
-        w = rng.standard_normal((L.f, L.c, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
-        problem = resolve.conv_problem(x.shape, w.shape, x.dtype, L.s, L.p, 1, 1, "NCHW")
-    else:
-        w = rng.standard_normal((L.c, L.f, L.k, L.k), dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
-        problem = resolve.transposed_problem(x.shape, w.shape, x.dtype, L.s, L.p, 1, 1, "NCHW", 0)
+    w_shape = (L.c, L.f, L.k, L.k) if L.transposed else (L.f, L.c, L.k, L.k)
+    w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
+    problem = L.problem()
     # A transposed convolution counts as the conv2d whose input gradient it is (problem.flops says so).
     fwd_flops, ho, wo = problem.flops, problem.ho, problem.wo
-    kernels = {v: convgen.get_kernels(ConvSpec(problem.window if v == "specialized" else None, "float32", "NCHW"))
-               for v in ("specialized", "generic")}
+    specs = specs_of(problem, algorithm)
+    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    # Keyword arguments of each convgen implementation: the plan specs_of() describes.
+    kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
+          "generic": dict(specialize=False)}
+    kw = {v: dict(stride=L.s, padding=L.p, **kw[v]) for v in specs}
 
-    def workspace(*entries):
-        # The op's kernel calls run one after another, each with its own workspace: the peak is the largest.
-        return {v: max(k.workspace_bytes(entry, problem) for entry in entries) for v, k in kernels.items()}
+    # The op's kernel calls run one after another, each with its own workspace: the peak is the largest.
+    ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
 
     funcs, dy = {}, None
-    if op == "forward":
-        y = np.empty((L.n, L.f, ho, wo), np.float32)
-        y_gen = np.empty_like(y)
-        funcs["specialized"] = lambda: convgen.conv2d(x, w, **kw, out=y)
-        funcs["generic"] = lambda: convgen.conv2d(x, w, **kw, specialize=False, out=y_gen)
-        funcs["numpy"] = lambda: baselines.numpy_conv2d(x, w, stride, padding)
-        flops, ws, out_bytes = fwd_flops, workspace("fwd"), y.nbytes
-    elif op == "backward":
+    if op in ("forward", "transposed"):
+        conv_op = convgen.conv2d if op == "forward" else convgen.conv_transpose2d
+        ys = {v: np.empty((L.n, L.f, ho, wo), np.float32) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: conv_op(x, w, **kw[v], out=ys[v]))(v)
+        numpy_op = baselines.numpy_conv2d if op == "forward" else baselines.numpy_conv_transpose2d
+        funcs["numpy"] = lambda: numpy_op(x, w, stride, padding)
+        flops, out_bytes = fwd_flops, ys["specialized"].nbytes
+    elif op in ("backward", "transposed_backward"):
+        grad_op = convgen.conv2d_backward if op == "backward" else convgen.conv_transpose2d_backward
         dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
-        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
-        funcs["specialized"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, out=outs["specialized"])
-        funcs["generic"] = lambda: convgen.conv2d_backward(dy, x, w, **kw, specialize=False, out=outs["generic"])
-        funcs["numpy"] = lambda: baselines.numpy_conv2d_backward(dy, x, w, stride, padding)
-        flops, ws, out_bytes = 2 * fwd_flops, workspace("bwd_data", "bwd_weight"), sum(a.nbytes for a in outs["specialized"])
-    elif op == "transposed":
-        y = np.empty((L.n, L.f, ho, wo), np.float32)
-        y_gen = np.empty_like(y)
-        funcs["specialized"] = lambda: convgen.conv_transpose2d(x, w, **kw, out=y)
-        funcs["generic"] = lambda: convgen.conv_transpose2d(x, w, **kw, specialize=False, out=y_gen)
-        funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d(x, w, stride, padding)
-        flops, ws, out_bytes = fwd_flops, workspace("bwd_data"), y.nbytes
-    elif op == "transposed_backward":
-        dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
-        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in ("specialized", "generic")}
-        funcs["specialized"] = lambda: convgen.conv_transpose2d_backward(dy, x, w, **kw, out=outs["specialized"])
-        funcs["generic"] = lambda: convgen.conv_transpose2d_backward(dy, x, w, **kw, specialize=False,
-                                                                     out=outs["generic"])
-        funcs["numpy"] = lambda: baselines.numpy_conv_transpose2d_backward(dy, x, w, stride, padding)
-        flops, ws, out_bytes = 2 * fwd_flops, workspace("fwd", "bwd_weight"), sum(a.nbytes for a in outs["specialized"])
+        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: grad_op(dy, x, w, **kw[v], out=outs[v]))(v)
+        numpy_op = baselines.numpy_conv2d_backward if op == "backward" else baselines.numpy_conv_transpose2d_backward
+        funcs["numpy"] = lambda: numpy_op(dy, x, w, stride, padding)
+        flops, out_bytes = 2 * fwd_flops, sum(a.nbytes for a in outs["specialized"])
     else:
         raise ValueError(f"unknown op {op!r}")
 
     if torch is not None:
         funcs["pytorch"] = _torch_func(torch, op, L, x, w, dy)
-    return Case(op, layer, flops, funcs, ws, out_bytes)
+    limits = {name: ERROR_LIMIT for name in funcs}
+    if specs["specialized"].family == "winograd":
+        # Winograd rounds differently from direct code: its own, documented bound.
+        limits["specialized"] = winograd.ERROR_BOUND["float32"]
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits)
 
 
 def _torch_func(torch, op, L, x, w, dy):
@@ -295,14 +354,19 @@ def run_case(case: Case, repeat: int, min_time: float) -> dict:
             result = func.as_numpy(result)
         errors[name] = 0.0 if name == "numpy" else _relative_error(result, expected)
     del expected
-    memory = {name: python_extra_bytes(case.funcs[name]) for name in ("specialized", "generic", "numpy")}
+    wrong = [f"{name} {errors[name]:.1e} > {case.error_limits[name]:g}" for name in errors
+             if not errors[name] <= case.error_limits[name]]
+    if wrong:
+        print(f"  WRONG: {case.op} {case.layer.name} disagrees with NumPy: {', '.join(wrong)}", file=sys.stderr,
+              flush=True)
+    memory = {name: python_extra_bytes(case.funcs[name]) for name in (*CONVGEN_IMPLS, "numpy") if name in case.funcs}
     with OtherLoad() as load:
         seconds = time_alternating(case.funcs, repeat=repeat, warmup=1, min_time=min_time)
     return {
-        "op": case.op, "layer": case.layer, "gflop": case.flops / 1e9,
+        "op": case.op, "layer": case.layer, "gflop": case.flops / 1e9, "algorithm": case.algorithm,
         "seconds": seconds, "gflops": {name: case.flops / s / 1e9 for name, s in seconds.items()},
-        "errors": errors, "python_bytes": memory, "workspace_bytes": case.workspace,
-        "output_bytes": case.output_bytes, "other_load": load.share,
+        "errors": errors, "error_limits": case.error_limits, "python_bytes": memory,
+        "workspace_bytes": case.workspace, "output_bytes": case.output_bytes, "other_load": load.share,
     }
 
 
@@ -388,6 +452,12 @@ def parse_args(argv=None):
     parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}")
     parser.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)}")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for bench.md and bench.png")
+    parser.add_argument("--algorithm", default="auto", choices=("auto", "direct"),
+                        help="what the specialized implementation runs: the planner's choice (default) or direct "
+                             "code everywhere (the suite as it ran before Winograd)")
+    parser.add_argument("--previous", type=Path, metavar="BENCH_MD",
+                        help="an earlier bench.md to compare the rows Winograd does not touch with "
+                             "(default: the bench.md in --out that this run replaces)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch column")
     parser.add_argument("--no-chart", action="store_true", help="write no PNG")
     parser.add_argument("--wait-quiet", type=float, default=120.0, metavar="SECONDS",
@@ -441,21 +511,22 @@ def main(argv=None) -> int:
     # Compile every kernel the rows need up front, in parallel, so no build lands inside a timing.
     specs = set()
     for op, layer in rows_to_run:
-        window = Window.resolve((layer.k, layer.k), layer.s, layer.p, 1, (layer.h, layer.w), layer.transposed)
-        specs.update({ConvSpec(window, "float32", "NCHW"), ConvSpec(None, "float32", "NCHW")})
+        specs.update(specs_of(layer.problem(), args.algorithm).values())
     failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
     if failed:
         for spec, exc in failed.items():
             print(f"building {spec} failed: {exc}", file=sys.stderr)
+        if any(spec.family != "direct" for spec in failed):
+            print("(--algorithm direct runs every specialized kernel as direct code)", file=sys.stderr)
         return 1
 
     min_time = 0.05 if args.quick else 0.1
 
     def measure(op, layer):
         waiter.wait()
-        row = run_case(make_case(op, layer, torch), args.repeat, min_time)
+        row = run_case(make_case(op, layer, torch, args.algorithm), args.repeat, min_time)
         meter.sample(1)
-        print(f"  {op:<20} {layer.name:<13} " + "  ".join(
+        print(f"  {op:<20} {layer.name:<13} {row['algorithm']:<29} " + "  ".join(
             f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
             + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
             flush=True)
@@ -481,8 +552,11 @@ def main(argv=None) -> int:
     info["waited"] = waiter.waited
     info["remeasured"] = remeasured
     info["partial"] = len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
+    info["algorithm"] = args.algorithm
 
-    text = report.markdown(results, fma, info, chart=None if args.no_chart else "bench.png")
+    previous_path = args.previous or args.out / "bench.md"
+    previous = report.read_previous(previous_path) if previous_path.is_file() else None
+    text = report.markdown(results, fma, info, chart=None if args.no_chart else "bench.png", previous=previous)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.md").write_text(text)
     if not args.no_chart:
@@ -490,6 +564,10 @@ def main(argv=None) -> int:
     print()
     print(text)
     print(f"wrote {args.out / 'bench.md'}" + ("" if args.no_chart else f" and {args.out / 'bench.png'}"))
+    wrong = report.wrong_results(results)
+    if wrong:
+        print(f"results that disagree with NumPy beyond their bound: {', '.join(wrong)}", file=sys.stderr)
+        return 1
     return 0
 
 

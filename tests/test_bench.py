@@ -1,0 +1,195 @@
+"""bench/: the rows it builds, the tables and targets it writes, the earlier run it reads and its chart.
+
+No timing is asserted here (benchmarks are scripts, not tests): the report is fed made-up rows, and
+one tiny row is run once to check that every implementation's result is compared with NumPy's.
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from convgen import winograd
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def run():
+    """bench/run.py as a module. It sets OpenBLAS variables for its own process when imported: this
+    one gets its environment back."""
+    environ = dict(os.environ)
+    sys.path.insert(0, str(BENCH))  # for its own `import peak, report`
+    try:
+        # Under its own name: tests/sanitize/run.py may already be imported as "run".
+        spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_run"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+        os.environ.clear()
+        os.environ.update(environ)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report(run):
+    return run.report
+
+
+FMA = {"isa": "avx2", "threads": 2, "gflops_1": 40.0, "gflops_all": 80.0, "samples": 3}
+
+
+def _row(run, op, layer, algorithm, ms, errors=None, limits=None):
+    """A made-up result row: `ms` is {implementation: milliseconds}."""
+    layer = next(l for l in run.SUITE if l.name == layer)
+    flops = layer.problem().flops * (2 if op.endswith("backward") else 1)
+    seconds = {i: t / 1e3 for i, t in ms.items()}
+    convgen_impls = [i for i in run.CONVGEN_IMPLS if i in seconds]
+    errors = errors or {i: 1e-6 for i in seconds}
+    return {"op": op, "layer": layer, "gflop": flops / 1e9, "algorithm": algorithm, "seconds": seconds,
+            "gflops": {i: flops / s / 1e9 for i, s in seconds.items()}, "errors": errors,
+            "error_limits": limits or {i: 1e-3 for i in seconds},
+            "python_bytes": {i: 2048 for i in (*convgen_impls, "numpy")},
+            "workspace_bytes": {i: 1 << 20 for i in convgen_impls}, "output_bytes": 1 << 20, "other_load": 0.0}
+
+
+def _info(**changes):
+    info = {"date": "today", "command": "bench/run.py", "repeat": 3, "elapsed": 1.0, "partial": False,
+            "cpu": "Test CPU", "cores": 2, "threads": 2, "load": 0.1, "load_end": 0.1, "python": "3",
+            "numpy": "2", "torch": "2", "blas": "blas", "blas_env": "", "compiler": "cc", "revision": "abc",
+            "schedule": "Schedule()", "algorithm": "auto"}
+    info.update(changes)
+    return info
+
+
+def _results(run):
+    wino, wino_bwd = "winograd F(4x4)", "winograd F(4x4) dx, direct dw"
+    wino_limits = {"specialized": 1e-4, "direct": 1e-3, "generic": 1e-3, "pytorch": 1e-3}
+    fwd = lambda layer, spec, direct, generic, torch: _row(  # noqa: E731
+        run, "forward", layer, wino, dict(specialized=spec, direct=direct, generic=generic, numpy=50.0,
+                                          pytorch=torch), limits=wino_limits)
+    return [
+        fwd("resnet3x3", 1.0, 2.0, 2.2, 2.0),
+        _row(run, "backward", "resnet3x3", wino_bwd,
+             dict(specialized=3.0, direct=4.0, generic=5.0, numpy=90.0, pytorch=4.0)),
+        _row(run, "forward", "resnet3x3s2", "direct", dict(specialized=1.0, generic=1.1, numpy=3.0, pytorch=1.0)),
+        fwd("batch1_3x3", 0.1, 0.2, 0.22, 0.3),
+        _row(run, "transposed", "deconv3x3", wino,
+             dict(specialized=1.0, direct=1.5, generic=1.6, numpy=9.0, pytorch=1.2)),
+    ]
+
+
+def test_suite_has_the_3x3_stride_1_layers(run):
+    names = {l.name for l in run.SUITE if l.is_3x3_s1 and not l.transposed}
+    assert {"resnet3x3", "batch1_3x3", "wide3x3", "narrow3x3", "odd3x3", "bigbatch3x3"} <= names
+    assert any(l.is_3x3_s1 and l.transposed for l in run.SUITE)
+    odd = next(l for l in run.SUITE if l.name == "odd3x3")
+    assert all(odd.problem().ho % m for m in winograd.TILES if m > 1)  # no multiple of any tile
+
+
+def test_specs_follow_the_planner(run):
+    """A 3×3 stride-1 layer with enough channels times Winograd and the direct kernel of the same
+    window; other windows and --algorithm direct time the direct kernel only."""
+    resnet = next(l for l in run.SUITE if l.name == "resnet3x3").problem()
+    specs = run.specs_of(resnet, "auto")
+    assert specs["specialized"].family == "winograd" and specs["direct"].family == "direct"
+    assert specs["direct"].window == specs["specialized"].window and specs["generic"].window is None
+    tile = specs["specialized"].tile
+    assert run.algorithm_text(specs["specialized"]) == f"winograd F({tile}x{tile})"
+    assert run.row_algorithm("backward", specs["specialized"]).endswith("dx, direct dw")
+    assert set(run.specs_of(resnet, "direct")) == {"specialized", "generic"}
+    stem = next(l for l in run.SUITE if l.name == "stem7x7s2").problem()
+    assert set(run.specs_of(stem, "auto")) == {"specialized", "generic"}
+
+
+def test_a_row_checks_every_result_against_numpy(run):
+    """One tiny row (3×3 stride 2: direct code), run once: every implementation agrees with NumPy."""
+    layer = run.Layer("tiny", 2, 3, 9, 9, 4, 3, 2, 1)
+    case = run.make_case("backward", layer, None)
+    assert set(case.funcs) == {"specialized", "generic", "numpy"} and case.algorithm == "direct"
+    row = run.run_case(case, repeat=1, min_time=0.0)
+    assert all(e <= 1e-5 for e in row["errors"].values()), row["errors"]
+    assert not run.report.wrong_results([row])
+
+
+def test_tables_and_targets(run, report):
+    results = _results(run)
+    text = report.markdown(results, FMA, _info())
+    assert "## Targets (Winograd issue)" in text and "effective" in text and "exceed 100 %" in text
+    forward = text.split("## Forward (conv2d)")[1].split("##")[0]
+    assert "spec. direct eff. GFLOP/s" in forward and "spec/direct" in forward and "spec/generic" in forward
+    resnet_s2 = next(line for line in forward.splitlines() if line.startswith("| resnet3x3s2 "))
+    assert "= specialized" in resnet_s2  # its specialized kernel is the direct one
+    lines = report.targets(results, FMA, _info())
+
+    def find(start):
+        return next(line for line in lines if line.startswith("- " + start))
+
+    # resnet3x3 2.0×, batch1 3.0× PyTorch: geomean 2.45×, lowest 2.0×.
+    assert "**met** — 2.45×" in find("forward float32 NCHW, 3×3 stride-1 layers")
+    assert "**met** — lowest 2.00× (resnet3x3)" in find("forward float32 NCHW, every 3×3")
+    # resnet3x3: 1.85 GFLOP in 1 ms is 1850 effective GFLOP/s, 23× the 80 GFLOP/s peak.
+    assert "**met**" in find("forward, resnet3x3: effective GFLOP/s")
+    assert "**met** — 1.33× (winograd F(4x4) dx, direct dw)" in find("backward (dx+dw+db), resnet3x3")
+    assert "**not met** — 1.20×" in find("conv_transpose2d, 3×3 stride-1 window")
+    # spec/generic: 2.2 and 2.2 on the 3×3 rows, 1.1 on resnet3x3s2.
+    assert "**met** — 2.20×" in find("forward, 3×3 stride-1 layers: specialized ≥ 1.6× generic")
+    assert "**met**" in find("forward, whole suite")
+    assert "not measured against an earlier run" in find("nothing slower elsewhere")
+    assert "**met**" in find("peak extra memory")
+    assert any("what the algorithm buys" in line and "2.00×" in line for line in lines)
+
+
+def test_winograd_rows_are_held_to_their_own_bound(run, report):
+    """Winograd's bound (1e-4 in float32) is tighter than the direct 1e-3: 5e-4 is wrong for it only."""
+    errors = {"specialized": 5e-4, "direct": 5e-4, "generic": 1e-6, "numpy": 0.0, "pytorch": 1e-6}
+    limits = {"specialized": winograd.ERROR_BOUND["float32"], "direct": 1e-3, "generic": 1e-3, "numpy": 1e-3,
+              "pytorch": 1e-3}
+    row = _row(run, "forward", "odd3x3", "winograd F(4x4)",
+               dict(specialized=1.0, direct=2.0, generic=2.0, numpy=9.0, pytorch=2.0), errors, limits)
+    assert [w.split(" (")[0] for w in report.wrong_results([row])] == ["forward odd3x3 specialized"]
+    assert "**5.0e-04 WRONG**" in "\n".join(report.detail_table([row]))
+    row["errors"]["specialized"] = float("nan")
+    assert report.wrong_results([row])
+
+
+def test_earlier_run_is_read_back_and_compared(run, report, tmp_path):
+    results = _results(run)
+    earlier = tmp_path / "bench.md"
+    earlier.write_text(report.markdown(results, FMA, _info()))
+    previous = report.read_previous(earlier)
+    assert previous["cpu"] == "Test CPU" and previous["date"] == "today"
+    assert previous["ratios"][("forward", "resnet3x3s2")] == pytest.approx(1.0)
+    assert previous["ratios"][("transposed", "deconv3x3")] == pytest.approx(1.2)
+
+    slower = [dict(r) for r in results]
+    s2 = next(r for r in slower if r["layer"].name == "resnet3x3s2")
+    s2["seconds"] = dict(s2["seconds"], specialized=1.25e-3)  # 0.8× PyTorch, was 1.0×
+    line = next(l for l in report.targets(slower, FMA, _info(), previous) if "nothing slower" in l)
+    assert "**not met**" in line and "forward resnet3x3s2 0.80× (was 1.00×)" in line
+    line = next(l for l in report.targets(results, FMA, _info(), previous) if "nothing slower" in l)
+    assert "**met**" in line
+    line = next(l for l in report.targets(slower, FMA, _info(cpu="Other CPU"), previous) if "nothing slower" in l)
+    assert "not judged" in line and "(was 1.00×)" in line
+
+
+def test_a_bench_md_from_before_winograd_reads(report, tmp_path):
+    """The tables of the previous issue had no algorithm column: spec/PyTorch is found by its title."""
+    old = tmp_path / "bench.md"
+    old.write_text("Measured 2026-11-29 23:39 UTC by `bench/run.py` (9 ...).\n\n- CPU: Intel Xeon, 2 cores; x\n\n"
+                   "## Forward (conv2d)\n\n| layer | GFLOP | specialized GFLOP/s (% peak) | spec/PyTorch | extra MiB |\n"
+                   "|---|---|---|---|---|\n| stem7x7s2 | 1.89 | 283.1 (60%) | 1.01× | 1.27 |\n"
+                   "| **geometric mean** |  | 241.2 (51%) | 1.12× |  |\n\n## Targets (issue 4)\n\n- x\n")
+    previous = report.read_previous(old)
+    assert previous["ratios"] == {("forward", "stem7x7s2"): 1.01} and previous["cpu"] == "Intel Xeon"
+
+
+def test_chart_draws_every_implementation(run, report, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    report.chart(_results(run), FMA, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
