@@ -189,7 +189,6 @@ def test_a_bench_md_from_before_winograd_reads(report, tmp_path):
 
 
 def test_chart_draws_every_implementation(run, report, tmp_path):
-    pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
     report.chart(_results(run), FMA, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
