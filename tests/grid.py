@@ -94,6 +94,7 @@ CONV_CASES = [
     Case("same-s2x1-d1x2-depthwise", 2, 3, 7, 6, 3, (2, 3), (2, 1), "same", (1, 2), 3),
     Case("1x1-g2", 2, 4, 5, 5, 6, (1, 1), 1, 0, 1, 2),
     Case("1x1-s2-pad1-unreached", 1, 2, 6, 7, 3, (1, 1), 2, 1),
+    Case("3x3-s1-sides-g2", 2, 4, 9, 11, 6, (3, 3), 1, ((0, 1), (2, 1)), 1, 2),  # Winograd computes it too
 ]
 
 TRANSPOSE_CASES = [
@@ -110,6 +111,7 @@ TRANSPOSE_CASES = [
     Case("same-s2-odd-total", 2, 3, 3, 4, 2, (4, 3), 2, "same"),
     Case("same-s1-odd-total-g2", 1, 4, 5, 6, 2, (4, 2), 1, "same", 1, 2),
     Case("same-s3-d2-depthwise", 1, 3, 3, 4, 3, (3, 3), 3, "same", 2, 3),
+    Case("3x3-s1-same", 2, 6, 7, 5, 4, (3, 3), 1, "same"),                      # Winograd computes it too
 ]
 
 

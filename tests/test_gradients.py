@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import reference
+from convgen import planner, reference
+from convgen.kernels import settings
+from convgen.resolve import conv_problem
+from convgen.spec import winograd_computes
 from grid import CONV_CASES, DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS, TRANSPOSE_CASES, Case
 from helpers import assert_close, numerical_gradient, relative_error, seeded_rng, to_layout
 
@@ -257,3 +260,36 @@ def test_every_window_is_prebuilt():
     needed |= {(case.name + " (transposed)", case.window(True)) for case in SAME_ADJOINT_CASES}
     missing = sorted(f"{name}: {window.short()}" for name, window in needed if window not in prebuilt)
     assert not missing, f"add these windows to tests/grid.py GRADIENT_WINDOWS: {missing}"
+
+
+# ------------------------------------------------------------- the same grid with Winograd forced
+def _winograd_cases(cases, transposed=False):
+    return [case for case in cases if winograd_computes(case.window(transposed))]
+
+
+@pytest.fixture
+def winograd_everywhere():
+    """`auto` takes Winograd wherever it applies, whatever the channel count (the cost model's
+    threshold lowered to one channel), so the grid's own tests run the Winograd kernels."""
+    with convgen.configure(winograd_min_channels=1):
+        yield
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", _winograd_cases(CONV_CASES), ids=str)
+def test_conv2d_grid_with_winograd(case, layout, dtype, winograd_everywhere):
+    x, w, _ = case.arrays(seeded_rng(case, layout, dtype), layout, dtype)
+    problem = conv_problem(x.shape, w.shape, x.dtype, groups=case.kwargs()["groups"], layout=layout,
+                           **{k: case.kwargs()[k] for k in ("stride", "padding", "dilation")})
+    assert planner.plan(problem, True, settings().schedule()).spec.family == "winograd"
+    test_conv2d_forward_matches_reference(case, layout, dtype, True)
+    test_conv2d_backward_matches_reference(case, layout, dtype, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", _winograd_cases(TRANSPOSE_CASES, transposed=True), ids=str)
+def test_conv_transpose2d_grid_with_winograd(case, layout, dtype, winograd_everywhere):
+    test_conv_transpose2d_matches_reference(case, layout, dtype, True)
+    test_conv_transpose2d_backward_matches_reference(case, layout, dtype, True)
