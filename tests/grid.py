@@ -24,6 +24,7 @@ GRADIENT_WINDOWS = [
     Window((3, 5), (2, 1), (1, 2), (1, 2)), Window((3, 3), 1, 0, 2), Window((4, 2), 1, ((1, 2), (0, 1))),
     Window((3, 3), 2, ((1, 1), (0, 1))), Window((3, 3), 3, ((2, 2), (1, 2)), 2),
     Window((2, 3), (2, 1), ((0, 1), (2, 2)), (1, 2)), Window((4, 3), 2, ((1, 1), (0, 1))), Window((3, 3), 3, 1, 2),
+    Window((3, 3), 1, ((0, 1), (2, 1))),  # the 3x3 stride-1 case, which Winograd computes too
 ]
 
 LAYOUTS = ("NCHW", "NHWC")
