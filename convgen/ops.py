@@ -15,8 +15,8 @@ from . import planner
 from .kernels import Kernels, get_kernels, num_threads, settings
 from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, resolve, result_array, split_out
 
-# The entry points each op runs (a transposed problem runs them as its conv()).
-_ENTRIES = {"conv2d": ("fwd",), "conv2d_backward": ("bwd_data", "bwd_weight"),
+# The kernel entry points each op runs (a transposed problem runs them as its conv()).
+OP_ENTRIES = {"conv2d": ("fwd",), "conv2d_backward": ("bwd_data", "bwd_weight"),
             "conv_transpose2d": ("bwd_data",), "conv_transpose2d_backward": ("fwd", "bwd_weight")}
 _SPATIAL_AXES = {"NCHW": (0, 2, 3), "NHWC": (0, 1, 2)}  # batch and space: what the bias gradient sums
 _BIAS_SHAPE = {"NCHW": (-1, 1, 1), "NHWC": (-1,)}        # the bias broadcast over an output batch
@@ -48,7 +48,7 @@ def _check_workspace(kernels: Kernels, resolved: Resolved) -> None:
     weight_shape = problem.weight_shape
     if int(np.prod(weight_shape)) * resolved.dtype.itemsize * num_threads() < LIMITS.workspace_query_bytes:
         return
-    needed = max(kernels.workspace_bytes(entry, problem) for entry in _ENTRIES[resolved.op])
+    needed = max(kernels.workspace_bytes(entry, problem) for entry in OP_ENTRIES[resolved.op])
     if needed > LIMITS.memory_bytes:
         raise ValueError(f"{resolved.op} would need a workspace of {needed} bytes for these weights {weight_shape}, "
                          f"more than this machine's memory ({LIMITS.memory_bytes} bytes); use fewer threads")

@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 
 import convgen
-from convgen import planner
+from convgen import ops, planner
 from convgen.kernels import settings
 from convgen.problem import Problem
 
@@ -64,16 +64,6 @@ def relative_error(a, b):
 
 
 # ------------------------------------------------------------------------------------ threads
-# The kernel entry points each public op runs. A transposed convolution runs the kernels of the
-# convolution from its output back to its input: its output is that convolution's input gradient.
-OP_ENTRIES = {
-    "conv2d": ("fwd",),
-    "conv2d_backward": ("bwd_data", "bwd_weight"),
-    "conv_transpose2d": ("bwd_data",),
-    "conv_transpose2d_backward": ("fwd", "bwd_weight"),
-}
-
-
 def _nchw_dims(shape, layout):
     n, a, b, c = shape
     return (n, a, b, c) if layout == "NCHW" else (n, c, a, b)
@@ -97,7 +87,7 @@ def planned_threads(op, x, y, window, groups=1, layout="NCHW", specialize=True, 
     """{entry: threads} the kernels the ops pick plan for each entry point `op` runs."""
     problem = call_problem(op, x, y, window, groups, layout)
     kernels = kernels_for(problem, specialize, algorithm)
-    return {entry: kernels.threads(entry, problem, nthreads) for entry in OP_ENTRIES[op]}
+    return {entry: kernels.threads(entry, problem, nthreads) for entry in ops.OP_ENTRIES[op]}
 
 
 def assert_parallel(op, x, y, window, groups=1, layout="NCHW", specialize=True, at_least=2):
