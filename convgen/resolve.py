@@ -65,7 +65,7 @@ def as_float_dtype(value) -> np.dtype:
         found = np.dtype(value)
     except TypeError:
         found = None
-    if found not in FLOAT_DTYPES or value is None:
+    if found is None or value is None or found not in FLOAT_DTYPES:  # (NumPy finds None == float64)
         raise TypeError(f"dtype must be float32 or float64, got {value!r}")
     return FLOAT_DTYPES[0] if found.itemsize == 4 else FLOAT_DTYPES[1]
 

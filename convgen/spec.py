@@ -43,11 +43,16 @@ def as_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
+# Arguments whose 1-sequence stands for both axes, as in torch (stride=(2,) is stride 2); a kernel_size is not.
+_ONE_FOR_BOTH = ("stride", "dilation", "output_padding")
 
 
 def as_pair(name: str, value, minimum: int = 1) -> tuple[int, int]:
-    """An int or an (h, w) pair, as a pair of ints >= minimum."""
+    """An int or an (h, w) pair (for a stride, dilation or output_padding also a 1-sequence, as torch
+    takes it), as a pair of ints >= minimum."""
     if isinstance(value, (tuple, list)):
+        if len(value) == 1 and name in _ONE_FOR_BOTH:
+            value = (value[0], value[0])
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
         return (as_int(f"{name}[0]", value[0], minimum), as_int(f"{name}[1]", value[1], minimum))
@@ -59,13 +64,16 @@ def explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]] | str:
     """Normalize the padding forms that do not depend on the input size.
 
     Returns ((top, bottom), (left, right)), or the string "same"/"valid" unchanged.
-    Accepted: an int, an (h, w) pair, a ((top, bottom), (left, right)) pair of pairs, "same", "valid".
+    Accepted: an int, an (h, w) pair, a ((top, bottom), (left, right)) pair of pairs, "same", "valid",
+    and (as torch) a 1-sequence (p,) for p on every side.
     """
     if isinstance(padding, str):
         if padding.lower() in ("same", "valid"):
             return padding.lower()
         raise ValueError(f"padding must be an int, a pair, a pair of pairs, 'same' or 'valid'; got {padding!r}")
     if isinstance(padding, (tuple, list)):
+        if len(padding) == 1 and not isinstance(padding[0], (tuple, list)):
+            padding = (padding[0], padding[0])
         if len(padding) != 2:
             raise ValueError(f"padding must be an int, (h, w) or ((top, bottom), (left, right)); got {padding!r}")
         sides = []

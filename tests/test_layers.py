@@ -179,6 +179,7 @@ def test_sgd_steps_reduce_a_regression_loss(make, hw):
     (dict(bias=1), TypeError, "bias"),
     (dict(dtype=np.int32), TypeError, "dtype"),
     (dict(dtype="float16"), TypeError, "dtype"),
+    (dict(dtype="banana"), TypeError, "dtype"),
     (dict(layout="NWHC"), ValueError, "layout"),
     (dict(specialize="yes"), TypeError, "specialize"),
     (dict(rng="seed"), TypeError, "rng"),
