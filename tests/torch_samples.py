@@ -36,7 +36,7 @@ CATEGORIES = {
     "1d": "conv1d / conv_transpose1d and their layers",
     "3d": "conv3d / conv_transpose3d and their layers",
     "unbatched": "an input without its batch dimension, (C, *spatial)",
-    "padding_mode": "a layer's padding_mode argument ('zeros', 'reflect', 'replicate', 'circular')",
+    "padding_mode": "a layer's padding_mode other than 'zeros' ('reflect', 'replicate', 'circular')",
     "torch_positional_order": "layer arguments passed by position past kernel_size..bias (Conv) or "
                               "kernel_size..output_padding (ConvTranspose), in torch's order",
 }
@@ -119,7 +119,7 @@ class Sample:
             needs.add(f"{self.dim}d")
         if not self.batched and self.error is None:
             needs.add("unbatched")
-        if self.layer and "padding_mode" in self.layer_arguments:
+        if self.layer and self.layer_arguments.get("padding_mode", "zeros") != "zeros":
             needs.add("padding_mode")
         if self.layer and len(self.args) > _ORDER_AGREED[self.transposed]:
             needs.add("torch_positional_order")
@@ -279,8 +279,8 @@ def common_nn_samples(dtype: str) -> list[Sample]:
 
 def all_samples() -> list[Sample]:
     """Every valid float32 and float64 sample of the three suites, and the layer samples that pass
-    arguments by position past those convgen's layers always took in torch's order once more with
-    them by keyword (so padding_mode shows apart from the positional order)."""
+    arguments by position past bias (Conv) or output_padding (ConvTranspose) once more with them by
+    keyword, under torch's names."""
     samples = [sample for dtype in DTYPES for sample in
                op_db_samples(dtype) + module_db_samples(dtype) + common_nn_samples(dtype)]
     return samples + [s.by_keyword() for s in samples if "torch_positional_order" in s.needs]
