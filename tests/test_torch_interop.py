@@ -211,6 +211,15 @@ def test_gradients_of_the_inputs_that_require_them(case, transposed, wanted, fmt
                                                 else ["conv2d", "conv_transpose2d"])
 
 
+def test_second_derivatives_are_refused():
+    """Documented limit: the backward ops have no gradient of their own."""
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    dx, = torch.autograd.grad(cgt.conv2d(x, w, None, 1, 1).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="convgen.conv2d_backward.default but no autograd formula"):
+        dx.sum().backward()
+
+
 # ----------------------------------------------------------------------------- memory: no copies
 def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
@@ -275,6 +284,8 @@ def test_meta_tensors_give_shapes_and_memory_formats():
     y = cgt.conv_transpose2d(torch.empty(1, 4, 3, 3, device="meta"), torch.empty(4, 1, 3, 3, device="meta"),
                              None, 2, 2, 2, 2, 3)
     assert y.shape == (1, 2, 9, 9)  # (3 - 1)·2 − 4 + 3·2 + 2 + 1
+    with pytest.raises(ValueError, match="w expects 2 input channels per group .* but x has 4"):
+        cgt.conv2d(x, torch.empty(6, 2, 3, 3, device="meta"))  # checked where traced, with convgen's message
 
 
 # ------------------------------------------------------------------------------------- errors
