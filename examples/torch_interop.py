@@ -1,6 +1,7 @@
 """Convert a small PyTorch network to convgen and time both: training steps and inference batches.
 
     .venv/bin/python examples/torch_interop.py [--batch 16] [--size 32] [--repeat 9]   # after `make`
+    .venv/bin/python examples/torch_interop.py --threads 1                            # on a busy machine
     .venv/bin/python examples/torch_interop.py --quick                                # a few seconds
 
 The network (an encoder-decoder on 3-channel images):
@@ -109,16 +110,21 @@ def main(argv=None, out=sys.stdout) -> list[dict]:
     parser.add_argument("--batch", type=int, default=16, help="images per batch (default 16)")
     parser.add_argument("--size", type=int, default=32, help="image height and width, a multiple of 2 (default 32)")
     parser.add_argument("--repeat", type=int, default=9, help="timed samples of each pass (default 9)")
+    parser.add_argument("--threads", type=int, help="threads for both PyTorch and convgen (default: each its own "
+                                                    "default, every core)")
     parser.add_argument("--quick", action="store_true", help="batch 2 of 8×8 images, 2 samples: a smoke test")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.size, args.repeat = 2, 8, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        convgen.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     network = build_network()
     report = cgt.convert(copy.deepcopy(network))
-    print(f"CPU: {cpu_name()}; PyTorch {torch.__version__} on {torch.get_num_threads()} threads, "
-          f"convgen {convgen.__version__} on {convgen.num_threads()}", file=out)
+    print(f"CPU: {cpu_name()}; PyTorch {torch.__version__} (threads: {torch.get_num_threads()}), "
+          f"convgen {convgen.__version__} (threads: {convgen.num_threads()})", file=out)
     print(f"batch of {args.batch} images 3×{args.size}×{args.size}; {report}".replace("\n", "\n  "), file=out)
     load = f"; load average {os.getloadavg()[0]:.1f} at the start" if hasattr(os, "getloadavg") else ""
     print(f"medians of {args.repeat} alternated samples{load}\n", file=out)

@@ -53,7 +53,7 @@ def test_torch_interop_quick(monkeypatch):
     assert re.search(r"float32 \S+ \(within 1e-04: yes\), float64 \S+ \(within 1e-10: yes\)\n", text)
 
     readme = (ROOT / "README.md").read_text()
-    shown = re.search(r"^```text\n\$ \.venv/bin/python examples/torch_interop\.py\n(.*?)^```$", readme,
+    shown = re.search(r"^```text\n\$ \.venv/bin/python examples/torch_interop\.py[^\n]*\n(.*?)^```$", readme,
                       re.MULTILINE | re.DOTALL)
     assert shown, "the README shows the example's output in a ```text block opened by its command line"
     assert _table(shown.group(1)) == (header, table), "the README's table is not what the example prints"

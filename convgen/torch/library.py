@@ -47,8 +47,10 @@ class Kind:
     `layouts` are convgen's names for the channels-first and channels-last layouts. Weights are
     PyTorch's (outer, inner, *kernel) in the channels-first layout and convgen's (*kernel, inner, outer)
     in the channels-last one. `adjoint` is the kind whose forward op is this kind's input gradient.
-    `resolve_padding(padding, kernel, stride, dilation, sizes)` turns the public padding argument into
-    explicit (before, after) pads per spatial axis and the output padding it implies ("same").
+    `resolve_padding(padding, kernel, stride, dilation, sizes, transposed)` turns the public padding
+    argument into explicit pads, [before, after] per spatial axis in one flat list, and the output
+    padding that it implies (transposed "same"), else None. `problem` is convgen's resolver, which
+    checks a call's shapes and parameters.
     """
 
     name: str
@@ -57,7 +59,7 @@ class Kind:
     layouts: tuple[str, str]
     adjoint: str
     resolve_padding: Callable
-    problem: Callable  # convgen's resolver: (x_shape, w_shape, dtype, stride, padding, dilation, groups, layout, [op])
+    problem: Callable
 
     @property
     def forward(self) -> str:
