@@ -318,6 +318,22 @@ def test_bad_arguments_are_refused_by_name():
             call()
 
 
+class ElsewhereTensor(torch.Tensor):
+    """A CPU tensor that says it is on a GPU: the device check without a GPU on the machine."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_tensors_on_other_devices_are_refused():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    with pytest.raises(ValueError, match=r"input is on device cuda:0; convgen runs on the CPU \(move it with"):
+        cgt.conv2d(x.as_subclass(ElsewhereTensor), w)
+    with pytest.raises(ValueError, match="weight is on device cuda:0"):
+        cgt.conv_transpose2d(x, w.as_subclass(ElsewhereTensor))
+
+
 def test_nonzero_padding_modes_are_refused_by_name():
     with pytest.raises(ValueError, match="supports padding_mode='zeros' only .* got padding_mode='reflect'"):
         cgt.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
