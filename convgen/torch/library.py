@@ -203,7 +203,10 @@ def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dila
     w_shape = tuple(weight.shape[i] for i in kind.weight_to_last) if last else tuple(weight.shape)
     args = (x_shape, w_shape, _NUMPY_DTYPES[x.dtype], tuple(stride), _pairs(padding), tuple(dilation), groups,
             kind.layouts[last])
-    kind.problem(*args, tuple(output_padding)) if kind.transposed else kind.problem(*args)
+    if kind.transposed:
+        kind.problem(*args, tuple(output_padding))
+    else:
+        kind.problem(*args)
 
 
 def _schema(inputs: str, returns: str) -> str:
