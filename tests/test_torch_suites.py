@@ -12,9 +12,10 @@ Each sample runs in these variants:
 - the generic build in both layouts (channels first, and channels last with convgen's weight
   conventions: (*kernel, in/groups, out), transposed (*kernel, out/groups, in)), on contiguous
   arrays and on non-contiguous views of the same values;
-- the specialized build in float64 channels-first and float32 channels-last, contiguous and not,
-  and in both layouts for both dtypes on every fourth sample (a fixed subset, by sample id): most
-  windows then compile two modules instead of four, which halves this file's kernel builds.
+- the specialized build, contiguous and not, in one layout for float64 and the other for float32
+  (which one alternates from window to window), and in both layouts for both dtypes on one window
+  in four (a fixed subset, by the window's geometry): most windows then compile two modules instead
+  of four, which keeps this file's kernel builds near half.
 
 torch's `error_inputs` must be refused by convgen with ValueError or TypeError before any kernel is
 built (the calls run with a cache that cannot compile); where convgen deliberately computes what
@@ -57,8 +58,7 @@ EXTENSIONS = {
 
 TOLERANCE = {"float32": 2e-5, "float64": 1e-12}
 LAYOUTS = {1: ("NCL", "NLC"), 2: ("NCHW", "NHWC"), 3: ("NCDHW", "NDHWC")}
-SPECIALIZED_LAYOUT = {"float64": 0, "float32": 1}  # the layout (index in LAYOUTS) each dtype specializes in
-FULL_MATRIX_EVERY = 4                                # every 4th sample specializes in both layouts
+FULL_MATRIX_EVERY = 4  # one window in 4 is specialized in both layouts for both dtypes
 
 # torch's note that its own "same" padding of an even kernel copies the input: nothing to act on here.
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths:UserWarning")
@@ -110,13 +110,32 @@ def strided(array):
     return view
 
 
+def window_of(sample):
+    """The window `sample` convolves with, as torch states it (kernel, stride, padding, dilation per
+    axis, the padding mode; the input size where padding is a string): samples that share it share
+    the kernels they compile."""
+    arguments = sample.layer_arguments if sample.layer else sample.kwargs
+
+    def per_axis(value):
+        value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        return value * sample.dim if len(value) == 1 else value
+
+    padding = arguments.get("padding", 0)
+    padding = (padding, sample.x.shape[-sample.dim:]) if isinstance(padding, str) else per_axis(padding)
+    return (sample.weight.shape[2:], per_axis(arguments.get("stride", 1)), padding,
+            per_axis(arguments.get("dilation", 1)), arguments.get("padding_mode", "zeros"))
+
+
 def variants(sample):
     """(layout, specialize, contiguous) of every run of `sample` (see the module docstring)."""
-    first, last = LAYOUTS[sample.dim]
-    full = seed(sample.id.rsplit("-", 1)[0]) % FULL_MATRIX_EVERY == 0  # both dtypes of a sample alike
-    specialized = (first, last) if full else (LAYOUTS[sample.dim][SPECIALIZED_LAYOUT[sample.dtype]],)
+    key = seed(*window_of(sample))
+    layouts = LAYOUTS[sample.dim]
+    if key % FULL_MATRIX_EVERY == 0:
+        specialized = layouts
+    else:  # one layout per dtype, float64 in one and float32 in the other, alternating over windows
+        specialized = (layouts[(key + (sample.dtype == "float32")) % 2],)
     return [(layout, specialize, contiguous)
-            for layout in (first, last) for specialize in (True, False) for contiguous in (True, False)
+            for layout in layouts for specialize in (True, False) for contiguous in (True, False)
             if not specialize or layout in specialized]
 
 
