@@ -7,8 +7,8 @@ order of the int64 arguments, invisible to cffi if two were swapped, is written 
 
 All entry points take the sizes of the forward convolution (x (n, c, h, w) -> y (n, f, ho, wo), in
 `SIZE_PARAMS` order), then, in the generic build only, the window (`WINDOW_PARAMS`, its padding mode
-as one of `PADDING_MODE_IDS`), then the most threads the call may use. A transposed convolution is run as the input gradient of the
-convolution from its output back to its input (`Problem.conv()`).
+as one of `PADDING_MODE_IDS`), then the most threads the call may use. A transposed convolution is
+run as the input gradient of the convolution from its output back to its input (`Problem.conv()`).
 """
 
 from __future__ import annotations
@@ -96,5 +96,5 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
                      PADDING_MODE_IDS[window.padding_mode])
 
 
-__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature",
-           "signatures", "cdef", "size_arguments"]
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters",
+           "signature", "signatures", "cdef", "size_arguments"]

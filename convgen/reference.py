@@ -466,12 +466,12 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
     Cg, Fg = C // G, F // G
+    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
+    _check_padding_mode(padding_mode, pads, (H, W))
     if dy64.shape != (N, F, g["Ho"], g["Wo"]):
         raise ValueError(
             f"dy: expected NCHW-equivalent shape {(N, F, g['Ho'], g['Wo'])}, got {dy64.shape}")
 
-    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
-    _check_padding_mode(padding_mode, pads, (H, W))
     xpad = pad(x64, pads, padding_mode)
     dxpad = np.zeros_like(xpad)
     dw64 = np.zeros_like(w64)
