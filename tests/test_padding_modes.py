@@ -354,3 +354,21 @@ def test_rendered_border_code_follows_the_mode():
         assert "g->pm" not in source and "switch" not in source
     generic = render(ConvSpec(None), schedule).source
     assert "switch (g->pm)" in generic and "int64_t pm, int nthreads" in generic
+
+
+def test_command_line_reads_the_mode(capsys, tmp_path):
+    from convgen.cli import main
+    from convgen.specfile import load_spec_file
+
+    assert main(["show", "k3s1p1reflect", "--op", "forward"]) == 0
+    out = capsys.readouterr().out
+    assert "specialized for k3s1p1reflect_nchw_float32" in out and "return i < 0 ? -i : 2 * (n - 1) - i;" in out
+    with pytest.raises(SystemExit) as exit_info:  # a usage error: Winograd pads with zeros only
+        main(["show", "k3s1p1circular", "--algorithm", "winograd"])
+    assert exit_info.value.code == 2
+    assert "zero-padded, got k3s1p1circular" in capsys.readouterr().err
+    specs = tmp_path / "kernels.toml"
+    specs.write_text('[[set]]\nwindows = ["k3s1p1replicate", "k3s1p1"]\ngeneric = false\n')
+    found = load_spec_file(specs)  # both algorithms by default: Winograd only for the zero-padded window
+    assert [(spec.short(), spec.family) for spec in found] == [
+        ("k3s1p1replicate", "direct"), ("k3s1p1", "direct"), ("k3s1p1", "winograd")]
