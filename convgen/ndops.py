@@ -79,7 +79,7 @@ class NdCall:
                         layout=PLANAR_LAYOUT[self.layout])
         if self.transposed:
             keywords["output_padding"] = (0, *self.output_padding) if self.rank == 1 else self.output_padding[1:]
-        if self.padding_mode != "zeros":
+        if self.padding_mode != "zeros" and window.padding != ((0, 0), (0, 0)):  # else the mode reads nothing
             keywords["padding_mode"] = self.padding_mode
         return keywords
 
