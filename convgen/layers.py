@@ -24,6 +24,8 @@ from .planner import as_algorithm
 from .resolve import as_flag, as_float_dtype, as_layout, groups_dividing, as_output_padding
 from .spec import as_int, as_pair, explicit_padding
 
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")  # torch's names
+
 
 def _generator(rng) -> np.random.Generator:
     """None (fresh entropy), an int seed or a numpy Generator, as a Generator."""
@@ -56,8 +58,8 @@ class _ConvLayer:
     initialization) and which ops run the two passes.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                 layout, specialize, algorithm, rng):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                 padding_mode, dtype, layout, specialize, algorithm, rng):
         self.in_channels = as_int("in_channels", in_channels)
         self.out_channels = as_int("out_channels", out_channels)
         self.kernel_size = as_pair("kernel_size", kernel_size)
@@ -66,6 +68,7 @@ class _ConvLayer:
         self.dilation = as_pair("dilation", dilation)
         self.groups = groups_dividing(groups, self.in_channels, self.out_channels, "in_channels", "out_channels")
         has_bias = as_flag("bias", bias)
+        self.padding_mode = self._checked_padding_mode(padding_mode)
         self.dtype = as_float_dtype(dtype)
         self.layout = as_layout(layout)
         self.specialize = as_flag("specialize", specialize)
@@ -81,6 +84,13 @@ class _ConvLayer:
         self._x = None
 
     # -- what the subclasses define
+    def _checked_padding_mode(self, padding_mode) -> str:
+        if not isinstance(padding_mode, str) or padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, got {padding_mode!r}")
+        if padding_mode != "zeros":
+            raise ValueError(f"padding_mode={padding_mode!r} is not available yet; convgen pads with zeros")
+        return padding_mode
+
     def _weight_shape(self) -> tuple[int, int, int, int]:
         raise NotImplementedError
 
@@ -155,6 +165,8 @@ class _ConvLayer:
             parts.append(f"groups={self.groups}")
         if self.bias is None:
             parts.append("bias=False")
+        if self.padding_mode != "zeros":
+            parts.append(f"padding_mode={self.padding_mode!r}")
         parts += [f"dtype={self.dtype.name}", f"layout={self.layout!r}", f"specialize={self.specialize}"]
         if self.algorithm != "auto":
             parts.append(f"algorithm={self.algorithm!r}")
@@ -168,17 +180,20 @@ class Conv2d(_ConvLayer):
     in_channels/groups, out_channels) for "NHWC", drawn from N(0, 2/fan_in) with fan_in =
     in_channels/groups · KH · KW; bias zeros (None with bias=False). padding takes every form
     `convgen.conv2d` does (int, pair, ((top, bottom), (left, right)), "valid", "same").
-    `rng`: None, an int seed or a numpy Generator, for the initial weights. `algorithm` (keyword
-    only): "auto", "direct" or "winograd", as for `convgen.conv2d`.
+    The positional arguments are torch's, in torch's order; the rest are keyword-only: `dtype`
+    (float32 or float64), `layout` ("NCHW" or "NHWC"), `specialize` and `algorithm` ("auto",
+    "direct" or "winograd") as for `convgen.conv2d`, and `rng` (None, an int seed or a numpy
+    Generator) for the initial weights. `padding_mode` is torch's; convgen pads with zeros only.
 
     `forward(x)` (also `layer(x)`) returns y and keeps x; `backward(dy)` returns dx and stores
     `.dw` and `.db` (None without bias).
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None, *, algorithm="auto"):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         layout, specialize, algorithm, rng)
+                 bias=True, padding_mode="zeros", *, dtype=np.float32, layout="NCHW", specialize=True,
+                 algorithm="auto", rng=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, dtype, layout, specialize, algorithm, rng)
 
     def _weight_shape(self):
         return weight_shape(self.out_channels, self.in_channels // self.groups, self.kernel_size, self.layout)
@@ -201,16 +216,23 @@ class ConvTranspose2d(_ConvLayer):
     sums in_channels/groups · KH·KW / (sh·sw) products on average (a stride spreads the taps over
     that many outputs), so that is the fan_in of the He initialization N(0, 2/fan_in).
     output_padding: 0 <= output_padding < max(stride, dilation) per axis (0 with padding="same").
-    The rest as `Conv2d`.
+    Positional arguments in torch's order (in, out, kernel_size, stride, padding, output_padding,
+    groups, bias, dilation, padding_mode: dilation comes after bias, as in torch); padding_mode
+    "zeros" only, as torch. The keyword-only rest as `Conv2d`.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, dilation=1,
-                 groups=1, bias=True, dtype=np.float32, layout="NCHW", specialize=True, rng=None, *,
-                 algorithm="auto"):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", *, dtype=np.float32, layout="NCHW", specialize=True,
+                 algorithm="auto", rng=None):
         # Checked before the base class draws the weights, so a bad value costs nothing.
         self.output_padding = as_output_padding(output_padding, stride, dilation, padding)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         layout, specialize, algorithm, rng)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, dtype, layout, specialize, algorithm, rng)
+
+    def _checked_padding_mode(self, padding_mode):
+        if padding_mode != "zeros":  # torch refuses the other modes for transposed convolution too
+            raise ValueError(f"padding_mode must be 'zeros' for {type(self).__name__}, got {padding_mode!r}")
+        return padding_mode
 
     def _weight_shape(self):
         return weight_shape(self.in_channels, self.out_channels // self.groups, self.kernel_size, self.layout)

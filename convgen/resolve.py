@@ -60,12 +60,15 @@ def as_layout(value) -> str:
 
 
 def as_float_dtype(value) -> np.dtype:
-    """float32 or float64 as a native-order NumPy dtype, from anything np.dtype reads."""
+    """float32 or float64 as a native-order NumPy dtype, from anything np.dtype reads or a torch dtype."""
+    if type(value).__module__ == "torch":  # torch.float32 -> "float32", without importing torch
+        value = str(value).removeprefix("torch.")
     try:
-        found = np.dtype(value)
-    except TypeError:
+        found = None if value is None else np.dtype(value)  # np.dtype(None) would be float64
+    except (TypeError, ValueError):
         found = None
-    if found not in FLOAT_DTYPES or value is None:
+    # (`in` alone is not enough: NumPy compares None equal to float64.)
+    if found is None or found not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {value!r}")
     return FLOAT_DTYPES[0] if found.itemsize == 4 else FLOAT_DTYPES[1]
 

@@ -179,6 +179,9 @@ def test_sgd_steps_reduce_a_regression_loss(make, hw):
     (dict(bias=1), TypeError, "bias"),
     (dict(dtype=np.int32), TypeError, "dtype"),
     (dict(dtype="float16"), TypeError, "dtype"),
+    (dict(dtype="banana"), TypeError, "dtype"),
+    (dict(dtype=None), TypeError, "dtype"),
+    (dict(padding_mode="mirror"), ValueError, "padding_mode"),
     (dict(layout="NWHC"), ValueError, "layout"),
     (dict(specialize="yes"), TypeError, "specialize"),
     (dict(rng="seed"), TypeError, "rng"),
@@ -189,6 +192,55 @@ def test_bad_arguments_are_named(cls, kwargs, error, name):
     args.update(kwargs)
     with pytest.raises(error, match=name):
         cls(**args)
+
+
+@pytest.mark.parametrize("cls", ["Conv2d", "ConvTranspose2d"])
+def test_positional_arguments_are_torchs(cls):
+    """The same positional call means the same layer in convgen and in torch, and everything after
+    torch's positional arguments is keyword-only."""
+    torch = pytest.importorskip("torch")
+    import inspect
+
+    def positional(function):
+        return [p.name for p in inspect.signature(function).parameters.values()
+                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "self"]
+
+    ours = positional(getattr(convgen, cls).__init__)
+    theirs = positional(getattr(torch.nn, cls).__init__)
+    # torch's factory arguments (device, dtype) close its list; convgen's dtype is keyword-only.
+    assert ours == theirs[:theirs.index("device")]
+
+
+def test_transposed_positional_call_matches_torch():
+    """ConvTranspose2d(2, 4, (2, 3), 1, 0, 0, 2): the 7th positional argument is groups, as in torch."""
+    torch = pytest.importorskip("torch")
+    theirs = torch.nn.ConvTranspose2d(2, 4, (2, 3), 1, 0, 0, 2, True, 1).double()
+    ours = convgen.ConvTranspose2d(2, 4, (2, 3), 1, 0, 0, 2, True, 1, dtype=np.float64)
+    assert ours.groups == 2 and ours.dilation == (1, 1)
+    ours.weight[...] = theirs.weight.detach().numpy()
+    ours.bias[...] = theirs.bias.detach().numpy()
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 5))
+    expected = theirs(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(ours(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_keyword_only_after_torchs_arguments():
+    with pytest.raises(TypeError):
+        convgen.Conv2d(2, 3, 3, 1, 0, 1, 1, True, "zeros", np.float64)
+    with pytest.raises(TypeError):
+        convgen.ConvTranspose2d(2, 3, 3, 1, 0, 0, 1, True, 1, "zeros", np.float64)
+
+
+def test_torch_dtypes_are_read():
+    torch = pytest.importorskip("torch")
+    assert convgen.Conv2d(2, 3, 3, dtype=torch.float64).dtype == np.float64
+    with pytest.raises(TypeError, match="dtype"):
+        convgen.Conv2d(2, 3, 3, dtype=torch.float16)
+
+
+def test_transposed_padding_mode_is_zeros_only():
+    with pytest.raises(ValueError, match="padding_mode must be 'zeros'"):
+        convgen.ConvTranspose2d(2, 2, 3, padding_mode="reflect")
 
 
 @pytest.mark.parametrize("kwargs", [
