@@ -14,7 +14,7 @@ from .kernels import configure, get_kernels, build_all, num_threads, set_num_thr
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
 from .ndops import (conv1d, conv1d_backward, conv_transpose1d, conv_transpose1d_backward, conv3d, conv3d_backward,
                     conv_transpose3d, conv_transpose3d_backward)
-from .layers import Conv2d, ConvTranspose2d
+from .layers import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .spec import ConvSpec, Window
 from . import reference
 
@@ -22,6 +22,7 @@ __all__ = [
     "conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward", "Conv2d", "ConvTranspose2d",
     "conv1d", "conv1d_backward", "conv_transpose1d", "conv_transpose1d_backward",
     "conv3d", "conv3d_backward", "conv_transpose3d", "conv_transpose3d_backward",
+    "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose3d",
     "ConvSpec", "Window", "get_kernels", "build_all", "configure", "num_threads", "set_num_threads",
     "cache_info", "cache_clear", "CacheError", "BuildError", "reference",
 ]

@@ -84,6 +84,21 @@ class NdCall:
         return keywords
 
 
+def as_output_padding_nd(value, stride, dilation, padding, rank) -> tuple:
+    """A transposed op's output_padding, one value per axis: 0 <= op < max(stride, dilation), 0 with "same"."""
+    out_pad = as_values("output_padding", value, rank, 0)
+    if explicit_padding(padding, rank) == "same":
+        if set(out_pad) != {0}:
+            raise ValueError(f"output_padding must be 0 with padding='same' (the output is input·stride), "
+                             f"got {out_pad}")
+        return out_pad
+    for axis, p, s, d in zip(AXES[rank], out_pad, stride, dilation):
+        if p >= max(s, d):
+            raise ValueError(f"output_padding along {axis} must be smaller than max(stride, dilation) = "
+                             f"{max(s, d)}, got {p}")
+    return out_pad
+
+
 def _split(shape, channels_last):
     """(N, C, sizes) of an image batch's shape."""
     return (shape[0], shape[-1], shape[1:-1]) if channels_last else (shape[0], shape[1], shape[2:])
@@ -143,17 +158,9 @@ def resolve_nd(op, rank, arrays, stride, padding, dilation, groups, layout, outp
     kernel = as_values("kernel_size", tuple(kernel), rank)
     window = NdWindow.resolve(kernel, stride, padding, dilation, sizes, transposed)
     if transposed:
-        out_pad = as_values("output_padding", output_padding, rank, 0)
+        out_pad = as_output_padding_nd(output_padding, window.stride, window.dilation, padding, rank)
         if explicit_padding(padding, rank) == "same":
-            if set(out_pad) != {0}:
-                raise ValueError(f"output_padding must be 0 with padding='same' (the output is input·stride), "
-                                 f"got {out_pad}")
             out_pad = window.implicit_output_padding(sizes)
-        else:
-            for axis, p, s, d in zip(AXES[rank], out_pad, window.stride, window.dilation):
-                if p >= max(s, d):
-                    raise ValueError(f"output_padding along {axis} must be smaller than max(stride, dilation) = "
-                                     f"{max(s, d)}, got {p}")
         out_sizes = window.transposed_output_size(sizes, out_pad)
     else:
         out_pad = (0,) * rank
@@ -404,4 +411,5 @@ def conv_transpose3d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
 
 
 __all__ = ["conv1d", "conv1d_backward", "conv_transpose1d", "conv_transpose1d_backward", "conv3d", "conv3d_backward",
-           "conv_transpose3d", "conv_transpose3d_backward", "NdCall", "resolve_nd", "as_padding_mode"]
+           "conv_transpose3d", "conv_transpose3d_backward", "NdCall", "resolve_nd", "as_padding_mode",
+           "as_output_padding_nd"]
