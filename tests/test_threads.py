@@ -96,6 +96,28 @@ def test_every_thread_count_gives_the_same_result(layout, threads):
                 assert_close(got, want, np.float64, f"{op} on {count} threads against the reference")
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weight_gradient_of_one_small_image_uses_the_threads(layout, groups, threads):
+    """Batch 1 with 7 × 7 outputs is one pixel block: the weight gradient's threads split the filters
+    instead (NCHW sums straight into dw, NHWC through one shared gradient), on any thread count, and
+    give the reference's result."""
+    rng = seeded_rng("small image dw", layout, groups)
+    x = rng.standard_normal((1, 128, 7, 7))
+    w = rng.standard_normal((128, 128 // groups, 3, 3))
+    dy = rng.standard_normal((1, 128, 7, 7))
+    if layout == "NHWC":
+        x, w, dy = x.transpose(0, 2, 3, 1).copy(), w.transpose(2, 3, 1, 0).copy(), dy.transpose(0, 2, 3, 1).copy()
+    kw = dict(padding=1, groups=groups, layout=layout)
+    expected = reference.conv2d_backward(dy, x, w, **kw)[1]
+    for count in (1, 2, 3, 5):
+        threads(count)
+        planned = planned_threads("conv2d_backward", x, dy, Window(3, 1, 1), groups, layout, algorithm="direct")
+        assert planned["bwd_weight"] >= min(count, 2), f"{planned} planned for {count} threads"
+        dw = convgen.conv2d_backward(dy, x, w, algorithm="direct", **kw)[1]
+        assert_close(dw, expected, np.float64, f"dw on {count} threads, groups={groups}, {layout}")
+
+
 # ---------------------------------------------------------------------------------------- the GIL
 def _ran_another_thread(call, repeats):
     """Whether this (the main) thread got to run Python code while `call` ran in a worker thread.
