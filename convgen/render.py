@@ -93,6 +93,9 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "KC_FORWARD": int(schedule.kc_forward),
         "NC": int(schedule.nc),
         "MAX_UNROLLED_TAPS": int(schedule.max_unrolled_taps),
+        "DW_DOT_MAX_FILTERS": int(schedule.dw_dot_max_filters),
+        "DOT_F": int(schedule.dot_filters),
+        "DOT_K": int(schedule.dot_columns),
         "MAX_UNROLLED_WINDOW": MAX_UNROLLED_WINDOW,
     }
     if spec.specialized:

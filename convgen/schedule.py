@@ -42,6 +42,12 @@ class Schedule:
     winograd_tile: int = 4
     winograd_max_filter_bytes: int = 16 << 20
     winograd_min_channels: int = 8
+    # The weight gradient of layers with few filters per group (up to dw_dot_max_filters) multiplies
+    # along the pixels instead: dot_filters × dot_columns vector sums in registers, the operands copied
+    # as rows, never transposed into panels (the transposition dominates when filters are few).
+    dw_dot_max_filters: int = 32
+    dot_filters: int = 4
+    dot_columns: int = 6
 
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
@@ -55,12 +61,14 @@ class Schedule:
 
 
 # Register budget: MR × nr_vectors accumulators + nr_vectors loaded B vectors + 1 broadcast must fit
-# (AVX-512: 32 zmm; AVX2: 16 ymm; SSE-class: 16 xmm).
+# (AVX-512: 32 zmm; AVX2: 16 ymm; SSE-class: 16 xmm); so must dot_filters × dot_columns sums +
+# dot_filters + 1 loaded vectors.
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
     "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, arch_flags=("-march=native",)),
-    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, arch_flags=("-mavx2", "-mfma")),
-    "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, arch_flags=()),
+    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, dot_filters=3, dot_columns=3,
+                 arch_flags=("-mavx2", "-mfma")),
+    "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
 
 
@@ -93,7 +101,8 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     fields.update(overrides)
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
-                 "winograd_max_filter_bytes", "winograd_min_channels"):
+                 "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
+                 "dot_columns"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
