@@ -111,12 +111,32 @@ class DepthFold:
         return folded
 
     def scatter(self, folded: np.ndarray, layout: str, groups: int, out: np.ndarray) -> np.ndarray:
-        """The adjoint of `gather`: out (shaped as x) = the sum of each folded slice into its source."""
-        out.fill(0)
+        """The adjoint of `gather`: out (shaped as x) = the sum of each folded slice into its source.
+
+        A source slice's first contribution is copied, later ones added, and slices no output read
+        are zeroed: one pass over out per contribution, none to clear it first.
+        """
         dst, src = self._views(out, folded, layout, groups)
+        written = np.zeros(self.size_in, dtype=bool)
         for tap, outputs, inputs in self.runs():
-            if inputs is not None:
+            if inputs is None:
+                continue
+            sources = np.arange(self.size_in)[inputs]
+            fresh = ~written[sources]
+            if fresh.all():
+                src(inputs)[...] = dst(outputs, tap)
+            elif not fresh.any():
                 src(inputs)[...] += dst(outputs, tap)
+            else:  # part seen before: slice by slice
+                for i, s in enumerate(sources):
+                    one = slice(outputs.start + i, outputs.start + i + 1)
+                    if fresh[i]:
+                        src(slice(s, s + 1))[...] = dst(one, tap)
+                    else:
+                        src(slice(s, s + 1))[...] += dst(one, tap)
+            written[sources] = True
+        for s in np.flatnonzero(~written):
+            src(slice(s, s + 1))[...] = 0
         return out
 
 
