@@ -7,7 +7,8 @@ as (F, C/g·KD, KH, KW). The depth taps so become part of the GEMM's depth (C/g�
 3-D im2col), and the height × width window runs on the specialized 2-D kernels, Winograd
 F(m×m, 3×3) included for 3×3 windows at stride 1. The adjoint, `DepthFold.scatter`, adds the
 gradient of each gathered slice back into its source depth: dx of conv3d, and the output of
-conv_transpose3d, whose kernels are conv_transpose2d's on the folded channels.
+conv_transpose3d, whose kernels are conv_transpose2d's on the folded channels (zero padding only, as
+torch's).
 
 Why a fold rather than a depth-tap loop in C: it needs no kernel of its own (every 2-D kernel,
 algorithm and ISA computes 3-D convolutions unchanged), and the GEMM gets KD times the depth, which

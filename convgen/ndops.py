@@ -105,8 +105,7 @@ def _split(shape, channels_last):
 
 
 def _check_padding_mode(mode, window, sizes):
-    """PyTorch's bounds on the padding of the convolution's input (`sizes`; for a transposed op, the
-    input of the convolution whose input gradient it is: the op's output): a reflected border is
+    """PyTorch's bounds on the padding of a convolution's input of `sizes`: a reflected border is
     shorter than the input, a wrapped one at most as long, a replicated one needs an input."""
     if mode == "zeros":
         return
@@ -141,6 +140,9 @@ def resolve_nd(op, rank, arrays, stride, padding, dilation, groups, layout, outp
     outer, inner, kernel = (w.shape[-1], w.shape[-2], w.shape[:-2]) if channels_last else (w.shape[0], w.shape[1],
                                                                                             w.shape[2:])
     transposed = op.startswith("conv_transpose")
+    if transposed and padding_mode != "zeros":
+        raise ValueError(f"padding_mode must be 'zeros' for a transposed convolution (as for torch's "
+                         f"ConvTranspose{rank}d), got {padding_mode!r}")
     if transposed:
         if outer != c:
             raise ValueError(f"w has {outer} input channels (its {'last' if channels_last else 'first'} dimension) "
@@ -165,7 +167,7 @@ def resolve_nd(op, rank, arrays, stride, padding, dilation, groups, layout, outp
     else:
         out_pad = (0,) * rank
         out_sizes = window.output_size(sizes)
-    _check_padding_mode(padding_mode, window, out_sizes if transposed else sizes)
+    _check_padding_mode(padding_mode, window, sizes)
     call = NdCall(op, layout, dtype, n, c, tuple(sizes), f, out_sizes, groups, window, out_pad, padding_mode)
     if op.endswith("_backward"):
         if checked["dy"].shape != call.output_shape:
@@ -345,8 +347,9 @@ def conv_transpose1d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     """Transposed 1-D convolution (PyTorch's conv_transpose1d): the input gradient of conv1d.
 
     x : (N, C_in, L) for "NCL", (N, L, C_in) for "NLC". w : (C_in, C_out/groups, K) for "NCL",
-    (K, C_out/groups, C_in) for "NLC". output_padding : 0 <= op < max(stride, dilation). The rest
-    as `conv1d`. Returns y with Lo = (L − 1)·s − before − after + d·(K − 1) + op + 1.
+    (K, C_out/groups, C_in) for "NLC". output_padding : 0 <= op < max(stride, dilation). padding_mode :
+    "zeros" only, as torch's ConvTranspose1d. The rest as `conv1d`. Returns y with
+    Lo = (L − 1)·s − before − after + d·(K − 1) + op + 1.
     """
     return _forward("conv_transpose1d", 1, x, w, bias, stride, padding, output_padding, dilation, groups, layout,
                     specialize, algorithm, padding_mode, out)
@@ -396,7 +399,8 @@ def conv_transpose3d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
 
     x : (N, C_in, D, H, W) for "NCDHW", (N, D, H, W, C_in) for "NDHWC". w : (C_in, C_out/groups, KD, KH,
     KW) for "NCDHW", (KD, KH, KW, C_out/groups, C_in) for "NDHWC". output_padding : an int or (d, h, w),
-    each 0 <= op < max(stride, dilation). The rest as `conv3d`.
+    each 0 <= op < max(stride, dilation). padding_mode : "zeros" only, as torch's ConvTranspose3d.
+    The rest as `conv3d`.
     """
     return _forward("conv_transpose3d", 3, x, w, bias, stride, padding, output_padding, dilation, groups, layout,
                     specialize, algorithm, padding_mode, out)
