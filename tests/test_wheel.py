@@ -105,6 +105,24 @@ def test_wheel_holds_the_templates_and_the_version(installed):
     assert templates and shipped == templates
 
 
+def test_wheel_holds_every_python_module(installed):
+    """Every module of the package ships (a subpackage missing from pyproject's list would not)."""
+    wheel, _ = installed
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.endswith(".py")}
+    modules = {path.relative_to(ROOT).as_posix() for path in (ROOT / "convgen").rglob("*.py")}
+    assert modules and modules <= shipped, sorted(modules - shipped)
+
+
+def test_installed_wheel_without_pytorch(installed, tmp_path, user_env):
+    """The wheel's dependencies leave PyTorch out: convgen.compat imports, convgen.torch says what is missing."""
+    _, venv = installed
+    script = ("import convgen.compat.cs231n\n"
+              "try:\n    import convgen.torch\nexcept ImportError as exc:\n    print(exc)\n")
+    proc = run([venv / "bin" / "python", "-c", script], cwd=tmp_path, env=user_env)
+    assert proc.stdout.startswith("convgen.torch needs PyTorch, which is not installed"), proc.stdout
+
+
 def test_installed_wheel_runs_the_ops_and_the_cli_outside_the_source_tree(installed, tmp_path, user_env):
     _, venv = installed
     kernels = tmp_path / "kernels.toml"

@@ -1,0 +1,351 @@
+"""convgen's convolutions as PyTorch custom ops: ``convgen::conv2d`` and ``convgen::conv_transpose2d``.
+
+Each op is a `torch.library.custom_op` (so autograd, `torch.compile` and `torch.export` see one opaque
+node) with three parts:
+
+- the CPU implementation: NumPy views of the tensors' memory (no copies), convgen's op, and the
+  result wrapped back into a tensor that shares convgen's buffer (`torch.from_numpy`);
+- a fake implementation: the output's shape and strides without computing it, for tracing;
+- an autograd formula from convgen's backward op, itself a custom op (``convgen::conv2d_backward``,
+  ``convgen::conv_transpose2d_backward``) so that a traced backward graph holds it too.
+
+Memory formats map to convgen's layouts: a contiguous tensor is computed as "NCHW", a channels_last
+one as "NHWC" (its memory *is* an NHWC array), and the result comes back in the same memory format.
+Any other strides are made contiguous first. Every op takes the same arguments, as aten's
+`convolution` does: the forward convolutions ignore `output_padding` (always zeros).
+
+The ops are described by a table of `Kind`s; a convolution of another dimensionality (1-D, 3-D) is one
+more entry there, plus its public function, once convgen computes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .. import ops as convgen_ops
+from ..planner import as_algorithm
+from ..resolve import conv_problem, transposed_problem
+from ..spec import Window, as_int, explicit_padding
+
+DTYPES = (torch.float32, torch.float64)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+NAMESPACE = "convgen"
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(perm)), key=perm.__getitem__))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One convolution op as PyTorch sees it: its convgen functions, dimensionality and layouts.
+
+    `layouts` are convgen's names for the channels-first and channels-last layouts. Weights are
+    PyTorch's (outer, inner, *kernel) in the channels-first layout and convgen's (*kernel, inner, outer)
+    in the channels-last one. `adjoint` is the kind whose forward op is this kind's input gradient.
+    `resolve_padding(padding, kernel, stride, dilation, sizes, transposed)` turns the public padding
+    argument into explicit pads, [before, after] per spatial axis in one flat list, and the output
+    padding that it implies (transposed "same"), else None. `problem` is convgen's resolver, which
+    checks a call's shapes and parameters.
+    """
+
+    name: str
+    spatial: int
+    transposed: bool
+    layouts: tuple[str, str]
+    adjoint: str
+    resolve_padding: Callable
+    problem: Callable
+
+    @property
+    def forward(self) -> str:
+        """The convgen op (a function in `convgen.ops`) of the forward pass."""
+        return self.name
+
+    @property
+    def backward(self) -> str:
+        """The convgen op that returns (dx, dw, db)."""
+        return f"{self.name}_backward"
+
+    @property
+    def to_last(self) -> tuple[int, ...]:
+        """Logical (N, C, *spatial) to channels-last (N, *spatial, C)."""
+        return (0, *range(2, self.spatial + 2), 1)
+
+    @property
+    def weight_to_last(self) -> tuple[int, ...]:
+        """PyTorch's (outer, inner, *kernel) to convgen's channels-last (*kernel, inner, outer)."""
+        return (*range(2, self.spatial + 2), 1, 0)
+
+    def out_channels(self, weight_shape, groups) -> int:
+        return weight_shape[1] * groups if self.transposed else weight_shape[0]
+
+
+def _padding_2d(padding, kernel, stride, dilation, sizes, transposed):
+    """convgen's 2-D padding forms resolved: ([top, bottom, left, right], output padding or None)."""
+    pads = explicit_padding(padding)
+    if pads == "valid":
+        return [0, 0, 0, 0], None
+    if pads == "same":  # depends on the input size for strides > 1 and for transposed convolutions
+        window = Window.resolve(kernel, stride, "same", dilation, tuple(int(n) for n in sizes), transposed)
+        implied = list(window.implicit_output_padding(tuple(int(n) for n in sizes))) if transposed else None
+        return [p for side in window.padding for p in side], implied
+    return [p for side in pads for p in side], None
+
+
+KINDS = {
+    "conv2d": Kind("conv2d", 2, False, ("NCHW", "NHWC"), "conv_transpose2d", _padding_2d, conv_problem),
+    "conv_transpose2d": Kind("conv_transpose2d", 2, True, ("NCHW", "NHWC"), "conv2d", _padding_2d,
+                             transposed_problem),
+}
+
+
+# --------------------------------------------------------------------------- tensors and arrays
+def channels_last(kind: Kind, x: torch.Tensor) -> bool:
+    """Whether x is computed in the channels-last layout: its memory is (N, *spatial, C) and not also
+    (N, C, *spatial) (with one channel or one pixel it is both, and stays channels-first)."""
+    return not x.is_contiguous() and x.permute(kind.to_last).is_contiguous()
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's memory as a NumPy array (a view: `detach` and `numpy` copy nothing)."""
+    return t.detach().numpy()
+
+
+def image_array(kind: Kind, t: torch.Tensor, last: bool) -> np.ndarray:
+    """An image batch in the chosen layout: a view of its memory, or of a contiguous copy when its
+    strides are neither layout's."""
+    if last:
+        return _numpy(t.permute(kind.to_last).contiguous())  # contiguous() returns t itself when it is
+    return _numpy(t.contiguous())
+
+
+def weight_array(kind: Kind, weight: torch.Tensor, last: bool) -> np.ndarray:
+    """The weights in the chosen layout. For channels-last this is a reordered copy unless the tensor
+    already lies in convgen's (*kernel, inner, outer) order; the weights are small beside the images
+    (and beside one call's work on them), so the copy costs little and keeps the kernels' layout."""
+    if last:
+        return _numpy(weight.permute(kind.weight_to_last).contiguous())
+    return _numpy(weight.contiguous())
+
+
+def image_tensor(kind: Kind, array: np.ndarray, last: bool) -> torch.Tensor:
+    """A convgen result as a logical (N, C, *spatial) tensor sharing the array's memory."""
+    t = torch.from_numpy(array)
+    return t.permute(_inverse(kind.to_last)) if last else t
+
+
+def weight_tensor(kind: Kind, array: np.ndarray, last: bool) -> torch.Tensor:
+    t = torch.from_numpy(array)
+    return t.permute(_inverse(kind.weight_to_last)) if last else t
+
+
+def _empty_image(kind: Kind, like: torch.Tensor, shape, last: bool) -> torch.Tensor:
+    """What `image_tensor` returns, without data: the same shape and the same strides."""
+    if last:
+        return like.new_empty([shape[i] for i in kind.to_last]).permute(_inverse(kind.to_last))
+    return like.new_empty(shape)
+
+
+def _empty_weight(kind: Kind, like: torch.Tensor, last: bool) -> torch.Tensor:
+    if last:
+        return like.new_empty([like.shape[i] for i in kind.weight_to_last]).permute(_inverse(kind.weight_to_last))
+    return like.new_empty(like.shape)
+
+
+# ------------------------------------------------------------------------------- the op parts
+def _ints(name: str, value, count: int, minimum: int = 1) -> list[int]:
+    """An int or a sequence of `count` ints (one per spatial axis), each >= minimum, as a list."""
+    if isinstance(value, (tuple, list, torch.Size)):
+        if len(value) != count:
+            raise ValueError(f"{name} must be an int or {count} ints (one per spatial axis), got {value!r}")
+        return [as_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(value)]
+    return [as_int(name, value, minimum)] * count
+
+
+def _pairs(flat) -> tuple:
+    """[before0, after0, before1, after1, ...] as ((before0, after0), (before1, after1), ...)."""
+    return tuple(zip(flat[0::2], flat[1::2]))
+
+
+def _convgen_kwargs(kind: Kind, stride, padding, output_padding, dilation, groups, algorithm, last) -> dict:
+    kwargs = dict(stride=tuple(stride), padding=_pairs(padding), dilation=tuple(dilation), groups=groups,
+                  layout=kind.layouts[last], algorithm=algorithm)
+    if kind.transposed:
+        kwargs["output_padding"] = tuple(output_padding)
+    return kwargs
+
+
+def output_shape(kind: Kind, x_shape, w_shape, stride, padding, output_padding, dilation, groups) -> list:
+    """The logical (N, C_out, *spatial) output shape; plain arithmetic, so symbolic sizes pass."""
+    sizes = []
+    for axis in range(kind.spatial):
+        n, k = x_shape[2 + axis], w_shape[2 + axis]
+        before, after = padding[2 * axis], padding[2 * axis + 1]
+        extent = dilation[axis] * (k - 1) + 1
+        if kind.transposed:
+            sizes.append((n - 1) * stride[axis] - before - after + extent + output_padding[axis])
+        else:
+            sizes.append((n + before + after - extent) // stride[axis] + 1)
+    return [x_shape[0], kind.out_channels(w_shape, groups), *sizes]
+
+
+def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, last):
+    """convgen's own checks of the shapes and parameters, where the sizes are known numbers (eager
+    calls, and traces with static shapes), so a bad call fails where it is made, with convgen's message."""
+    if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)):
+        return  # symbolic sizes: the call itself checks them when it runs
+    x_shape = tuple(x.shape[i] for i in kind.to_last) if last else tuple(x.shape)
+    w_shape = tuple(weight.shape[i] for i in kind.weight_to_last) if last else tuple(weight.shape)
+    args = (x_shape, w_shape, _NUMPY_DTYPES[x.dtype], tuple(stride), _pairs(padding), tuple(dilation), groups,
+            kind.layouts[last])
+    if kind.transposed:
+        kind.problem(*args, tuple(output_padding))
+    else:
+        kind.problem(*args)
+
+
+def _schema(inputs: str, returns: str) -> str:
+    return (f"({inputs}, SymInt[] stride, SymInt[] padding, SymInt[] output_padding, SymInt[] dilation, "
+            f"SymInt groups, str algorithm) -> {returns}")
+
+
+def _define(kind: Kind):
+    """Register the forward and backward custom ops of one kind, their fake implementations and the
+    forward's autograd formula; returns the forward op."""
+
+    def forward(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+        last = channels_last(kind, x)
+        y = getattr(convgen_ops, kind.forward)(
+            image_array(kind, x, last), weight_array(kind, weight, last),
+            None if bias is None else _numpy(bias.contiguous()),
+            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, last))
+        return image_tensor(kind, y, last)
+
+    def forward_fake(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+        last = channels_last(kind, x)
+        _check_geometry(kind, x, weight, stride, padding, output_padding, dilation, groups, last)
+        shape = output_shape(kind, x.shape, weight.shape, stride, padding, output_padding, dilation, groups)
+        return _empty_image(kind, x, shape, last)
+
+    def backward(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+        last = channels_last(kind, x)  # dy follows x's layout, whatever its own strides
+        dx, dw, db = getattr(convgen_ops, kind.backward)(
+            image_array(kind, dy, last), image_array(kind, x, last), weight_array(kind, weight, last),
+            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, last))
+        return image_tensor(kind, dx, last), weight_tensor(kind, dw, last), torch.from_numpy(db)
+
+    def backward_fake(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+        last = channels_last(kind, x)
+        return (_empty_image(kind, x, x.shape, last), _empty_weight(kind, weight, last),
+                weight.new_empty([kind.out_channels(weight.shape, groups)]))
+
+    forward_op = torch.library.custom_op(
+        f"{NAMESPACE}::{kind.name}", forward, mutates_args=(), device_types="cpu",
+        schema=_schema("Tensor x, Tensor weight, Tensor? bias", "Tensor"))
+    forward_op.register_fake(forward_fake)
+    backward_op = torch.library.custom_op(
+        f"{NAMESPACE}::{kind.backward}", backward, mutates_args=(), device_types="cpu",
+        schema=_schema("Tensor dy, Tensor x, Tensor weight", "(Tensor, Tensor, Tensor)"))
+    backward_op.register_fake(backward_fake)
+
+    def setup_context(ctx, inputs, output):
+        x, weight, _, *params = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.params = params
+
+    def gradients(ctx, dy):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_w:  # convgen computes dx beside dw (there is no dw-only entry point)
+            dx, dw, db = backward_op(dy, x, weight, *ctx.params)
+        elif need_x:
+            dx = _input_gradient(kind, dy, x, weight, *ctx.params)
+        if need_bias and db is None:
+            db = dy.sum([0, *range(2, kind.spatial + 2)])
+        return (dx if need_x else None, dw, db if need_bias else None) + (None,) * len(ctx.params)
+
+    forward_op.register_autograd(gradients, setup_context=setup_context)
+    return forward_op
+
+
+def _input_gradient(kind: Kind, dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+    """dx alone, as the adjoint convolution's forward pass (one kernel call instead of two).
+
+    conv2d's dx is conv_transpose2d(dy) with the output padding that restores x's size (the rows the
+    strided windows never reached); conv_transpose2d's dx is conv2d(dy), cut to x's size where an
+    output padding of stride or more (with dilation > stride) added rows that no input feeds.
+    """
+    adjoint = KINDS[kind.adjoint]
+    spatial = x.shape[2:]
+    if adjoint.transposed:
+        restore = [(n + padding[2 * i] + padding[2 * i + 1] - dilation[i] * (weight.shape[2 + i] - 1) - 1) % stride[i]
+                   for i, n in enumerate(spatial)]
+    else:
+        restore = [0] * kind.spatial
+    dx = OPS[adjoint.name](dy, weight, None, stride, padding, restore, dilation, groups, algorithm)
+    if list(dx.shape[2:]) != list(spatial):
+        dx = dx[(slice(None), slice(None), *(slice(0, n) for n in spatial))]
+    return dx
+
+
+OPS = {name: _define(kind) for name, kind in KINDS.items()}  # name -> the registered forward op
+
+
+# ----------------------------------------------------------------------------- public functions
+def _check_tensors(kind: Kind, x, weight, bias):
+    """The tensor arguments: CPU tensors of one convgen dtype, the right number of dimensions."""
+    for name, t in (("input", x), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be float32 or float64 (the dtypes convgen computes), got {t.dtype}")
+        if t.device.type not in ("cpu", "meta"):
+            raise ValueError(f"{name} is on device {t.device}; convgen runs on the CPU (move it with .cpu())")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"input and {name} must share one dtype; got input {x.dtype}, {name} {t.dtype}")
+    if x.dim() not in (kind.spatial + 1, kind.spatial + 2):
+        raise ValueError(f"input must be a {kind.spatial + 2}-D batch (N, C, {'H, W' if kind.spatial == 2 else '...'}) "
+                         f"or one unbatched {kind.spatial + 1}-D sample, got shape {tuple(x.shape)}")
+    if weight.dim() != kind.spatial + 2:
+        raise ValueError(f"weight must have {kind.spatial + 2} dimensions, got shape {tuple(weight.shape)}")
+    if bias is not None and bias.dim() != 1:
+        raise ValueError(f"bias must be 1-D (one value per output channel), got shape {tuple(bias.shape)}")
+
+
+def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+    """Check a public call's arguments, resolve them to the op's explicit lists and run the op."""
+    kind = KINDS[kind_name]
+    _check_tensors(kind, x, weight, bias)
+    unbatched = x.dim() == kind.spatial + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    stride = _ints("stride", stride, kind.spatial)
+    dilation = _ints("dilation", dilation, kind.spatial)
+    groups = as_int("groups", groups)
+    algorithm = as_algorithm(algorithm)
+    pads, implied = kind.resolve_padding(padding, tuple(weight.shape[2:]), stride, dilation, x.shape[2:],
+                                         kind.transposed)
+    if kind.transposed:
+        given = _ints("output_padding", output_padding, kind.spatial, minimum=0)
+        if implied is not None:  # padding="same" fixes the output size, so the output padding too
+            if any(given):
+                raise ValueError(f"output_padding must be 0 with padding='same' (the output is input·stride), "
+                                 f"got {output_padding!r}")
+            given = implied
+        output_padding = given
+    else:
+        output_padding = [0] * kind.spatial
+    y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm)
+    return y.squeeze(0) if unbatched else y
+
+
+__all__ = ["KINDS", "OPS", "Kind", "apply", "channels_last", "output_shape"]

@@ -1,0 +1,525 @@
+"""convgen.torch: the custom ops, the nn modules and `convert`, inside autograd, torch.compile and torch.export.
+
+Oracles: PyTorch's own convolutions (per-side padding by F.pad before conv2d or by cropping the
+unpadded conv_transpose2d), convgen.reference where PyTorch has no such padding ("same" with
+strides, transposed "same"), torch.autograd.gradcheck's numerical derivatives, torch.library.opcheck
+(the fake implementations' shapes and strides against the real ones), and the model before `convert`.
+"""
+
+import copy
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import convgen
+import convgen.torch as cgt
+from convgen import reference
+from convgen.torch import library
+from grid import CONV_CASES, GRADIENT_WINDOWS, FORWARD_WINDOWS, TRANSPOSE_CASES, Case
+from helpers import seeded_rng
+
+F = torch.nn.functional
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}  # max |Δ| / max |expected|, direct kernels
+
+# Small cases for full-mode gradcheck (two op calls per input element); the grids run fast mode.
+GRADCHECK_CONV_CASES = [
+    Case("d3-s2-pad2-g2", 1, 4, 6, 7, 4, (3, 3), 2, 2, 3, 2),
+    Case("sides-rect-d2x1", 1, 2, 5, 6, 3, (2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1)),
+    Case("same-s2-odd-total", 1, 2, 9, 8, 3, (3, 3), 2, "same"),
+    Case("valid-d2-g2", 1, 4, 7, 6, 4, (3, 3), 1, "valid", 2, 2),
+]
+GRADCHECK_TRANSPOSE_CASES = [
+    Case("k4-s2-pad1", 1, 2, 3, 4, 3, (4, 4), 2, 1),
+    Case("s2-d3-op2-g2", 1, 4, 3, 3, 2, (3, 3), 2, 2, 3, 2, output_padding=2),
+    Case("sides-s3x1-d1x3-op2", 1, 2, 3, 3, 2, (5, 3), (3, 1), ((2, 1), (0, 2)), (1, 3), output_padding=2),
+    Case("same-s2-odd-total", 2, 2, 3, 4, 2, (4, 3), 2, "same"),
+]
+
+
+def _pads(padding):
+    """((top, bottom), (left, right)) of an int, (h, w) or per-side padding."""
+    if isinstance(padding, int):
+        return ((padding, padding), (padding, padding))
+    return tuple(p if isinstance(p, tuple) else (p, p) for p in padding)
+
+
+def tensors(case, dtype, fmt, transposed=False, requires_grad=False):
+    """A case's x (in the memory format), weight and bias as tensors, from the grid's seeded arrays."""
+    x, w, b = case.arrays(seeded_rng("torch", case, dtype, transposed), "NCHW", np.float64, transposed)
+    x, w, b = (torch.from_numpy(a).to(DTYPES[dtype]) for a in (x, w, b))
+    x = x.to(memory_format=FORMATS[fmt])
+    return tuple(t.requires_grad_(requires_grad) for t in (x, w, b))
+
+
+def expected(case, x, w, b, transposed=False):
+    """PyTorch's result for a case (x NCHW); convgen.reference's where PyTorch has no such padding."""
+    kw = case.kwargs(transposed)
+    stride, padding, dilation, groups = kw["stride"], kw["padding"], kw["dilation"], kw["groups"]
+    if padding == "same" and (transposed or stride not in (1, (1, 1))):
+        op = reference.conv_transpose2d if transposed else reference.conv2d
+        args = [t.detach().double().numpy() for t in (x, w, b)]
+        return torch.from_numpy(op(*args, **kw)).to(x.dtype)
+    if padding == "same":
+        with warnings.catch_warnings():  # PyTorch pads a copy for an even kernel; it says so
+            warnings.simplefilter("ignore", UserWarning)
+            return F.conv2d(x, w, b, stride, "same", dilation, groups)
+    (top, bottom), (left, right) = _pads(0 if padding == "valid" else padding)
+    if not transposed:
+        return F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride, 0, dilation, groups)
+    full = F.conv_transpose2d(x, w, b, stride, 0, kw["output_padding"], groups, dilation)
+    return full[:, :, top:full.shape[2] - bottom, left:full.shape[3] - right]
+
+
+def assert_close(actual, wanted, what=""):
+    assert actual.shape == wanted.shape and actual.dtype == wanted.dtype, (what, actual.shape, wanted.shape)
+    scale = max(float(wanted.abs().max()), 1e-30)
+    err = float((actual.detach() - wanted.detach()).abs().max()) / scale
+    assert err <= TOLERANCE[wanted.dtype], f"{what}: relative error {err:.3g}"
+
+
+def run(transposed):
+    return cgt.conv_transpose2d if transposed else cgt.conv2d
+
+
+# ---------------------------------------------------------------------------------------- import
+def test_the_package_reaches_pytorch_itself_and_convgen_does_not_need_it():
+    assert library.torch is torch and Path(torch.__file__).parent.name == "torch"
+    assert not Path(torch.__file__).resolve().is_relative_to(Path(convgen.__file__).resolve().parent)
+    script = ("import sys; sys.modules['torch'] = None\n"  # as if PyTorch were not installed
+              "import convgen; assert 'torch' not in dir(convgen)\n"
+              "try:\n    import convgen.torch\nexcept ImportError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("convgen.torch needs PyTorch, which is not installed: pip install torch")
+    proc = subprocess.run([sys.executable, "-c", "import sys, convgen; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr  # importing convgen does not import torch
+
+
+def test_the_ops_are_registered_under_convgen():
+    for name in ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward"):
+        assert hasattr(torch.ops.convgen, name)
+    assert "SymInt[] output_padding" in str(torch.ops.convgen.conv2d.default._schema)
+
+
+# ------------------------------------------------------------------------------ forward values
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv2d_matches_pytorch(case, dtype, fmt):
+    x, w, b = tensors(case, dtype, fmt)
+    y = cgt.conv2d(x, w, b, **case.kwargs())
+    assert_close(y, expected(case, x, w, b), case.name)
+    assert y.is_contiguous(memory_format=FORMATS[fmt])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_matches_pytorch(case, dtype, fmt):
+    x, w, b = tensors(case, dtype, fmt, transposed=True)
+    y = cgt.conv_transpose2d(x, w, b, **case.kwargs(True))
+    assert_close(y, expected(case, x, w, b, True), case.name)
+    assert y.is_contiguous(memory_format=FORMATS[fmt])
+
+
+def test_torch_positional_order_unbatched_and_strided_inputs():
+    """torch.nn.functional's positional order (conv_transpose2d: groups before dilation), unbatched
+    (C, H, W) input, and inputs whose strides are neither layout's (copied, then computed)."""
+    case = TRANSPOSE_CASES[3]  # s2-d3-op2-g2: stride 2, padding 2, output_padding 2, groups 2, dilation 3
+    x, w, b = tensors(case, "float64", "contiguous", transposed=True)
+    want = F.conv_transpose2d(x, w, b, 2, 2, 2, 2, 3)
+    assert_close(cgt.conv_transpose2d(x, w, b, 2, 2, 2, 2, 3), want)
+    assert_close(cgt.conv_transpose2d(x[0], w, b, 2, 2, 2, 2, 3), want[0])
+    case = CONV_CASES[1]  # d3-s2-pad2-g2
+    x, w, b = tensors(case, "float64", "contiguous")
+    assert_close(cgt.conv2d(x, w, b, 2, 2, 3, 2), F.conv2d(x, w, b, 2, 2, 3, 2))
+    assert_close(cgt.conv2d(x[1], w, b, 2, 2, 3, 2), F.conv2d(x[1], w, b, 2, 2, 3, 2))
+    strided = x.transpose(2, 3)  # neither contiguous nor channels_last
+    wide = w.transpose(2, 3).contiguous()
+    assert_close(cgt.conv2d(strided, wide, None, 2, 2, 3, 2), F.conv2d(strided, wide, None, 2, 2, 3, 2))
+    sliced = torch.cat([x, x], dim=3)[..., ::2]
+    assert_close(cgt.conv2d(sliced, w, b, 2, 2, 3, 2), F.conv2d(sliced, w, b, 2, 2, 3, 2))
+
+
+# ---------------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("transposed, case", [(False, c) for c in GRADCHECK_CONV_CASES]
+                         + [(True, c) for c in GRADCHECK_TRANSPOSE_CASES], ids=str)
+def test_gradcheck(case, transposed, fmt):
+    x, w, b = tensors(case, "float64", fmt, transposed, requires_grad=True)
+    kw = case.kwargs(transposed)
+    assert torch.autograd.gradcheck(lambda x, w, b: run(transposed)(x, w, b, **kw), (x, w, b))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gradcheck_fast_mode_over_the_whole_grid(fmt):
+    """Fast mode (random directions, two evaluations per input) over every grid case of both ops."""
+    for transposed, cases in ((False, CONV_CASES), (True, TRANSPOSE_CASES)):
+        for case in cases:
+            x, w, b = tensors(case, "float64", fmt, transposed, requires_grad=True)
+            kw = case.kwargs(transposed)
+            assert torch.autograd.gradcheck(lambda x, w, b: run(transposed)(x, w, b, **kw), (x, w, b),
+                                            fast_mode=True), case.name
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every call of convgen's ops from convgen.torch: (name, args, kwargs, result), in order."""
+    seen = []
+    for name in ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward"):
+        def recording(*args, _original=getattr(convgen.ops, name), _name=name, **kwargs):
+            result = _original(*args, **kwargs)
+            seen.append((_name, args, kwargs, result))
+            return result
+        monkeypatch.setattr(convgen.ops, name, recording)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("wanted", ["x", "w", "b", "xb", "wb", "xwb"])
+@pytest.mark.parametrize("transposed, case", [(False, CONV_CASES[1]), (False, CONV_CASES[3]),
+                                              (True, TRANSPOSE_CASES[3]), (True, TRANSPOSE_CASES[2])], ids=str)
+def test_gradients_of_the_inputs_that_require_them(case, transposed, wanted, fmt, calls):
+    """Only the requested gradients come back, equal to PyTorch's; dx alone runs the adjoint op (one
+    kernel call: conv_transpose2d for conv2d, conv2d cut to size for conv_transpose2d, whose
+    output_padding of 1 or 2 with dilation 2 or 3 adds rows no input feeds) and no backward op."""
+    x, w, b = tensors(case, "float64", fmt, transposed)
+    inputs = dict(x=x, w=w, b=b)
+    for name in wanted:
+        inputs[name].requires_grad_(True)
+    kw = case.kwargs(transposed)
+    y = run(transposed)(x, w, b, **kw)
+    dy = torch.from_numpy(seeded_rng("dy", case).standard_normal(tuple(y.shape)))
+    got = torch.autograd.grad(y, [inputs[n] for n in wanted], dy)
+    x2, w2, b2 = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    want = torch.autograd.grad(expected(case, x2, w2, b2, transposed), [dict(x=x2, w=w2, b=b2)[n] for n in wanted], dy)
+    for name, g, r in zip(wanted, got, want):
+        assert_close(g, r, f"d{name}")
+    backward_ops = [name for name, *_ in calls if name.endswith("_backward")]
+    assert backward_ops == ([f"{'conv_transpose2d' if transposed else 'conv2d'}_backward"] if "w" in wanted else [])
+    if wanted == "x":
+        assert [name for name, *_ in calls] == (["conv_transpose2d", "conv2d"] if transposed
+                                                else ["conv2d", "conv_transpose2d"])
+
+
+def test_second_derivatives_are_refused():
+    """Documented limit: the backward ops have no gradient of their own."""
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    dx, = torch.autograd.grad(cgt.conv2d(x, w, None, 1, 1).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="convgen.conv2d_backward.default but no autograd formula"):
+        dx.sum().backward()
+
+
+# ----------------------------------------------------------------------------- memory: no copies
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_inputs_are_viewed_and_outputs_share_convgens_buffers(fmt, transposed, calls):
+    case = TRANSPOSE_CASES[0] if transposed else CONV_CASES[1]
+    x, w, b = tensors(case, "float32", fmt, transposed, requires_grad=True)
+    saved = [t.detach().clone() for t in (x, w, b)]
+    kw = case.kwargs(transposed)
+    y = run(transposed)(x, w, b, **kw)
+    layout = "NHWC" if fmt == "channels_last" else "NCHW"
+    (name, args, kwargs, result), = calls
+    assert kwargs["layout"] == layout
+    assert _address(args[0]) == x.data_ptr() and args[0].shape == tuple(x.permute(0, 2, 3, 1).shape
+                                                                         if layout == "NHWC" else x.shape)
+    assert y.data_ptr() == _address(result) and y.is_contiguous(memory_format=FORMATS[fmt])
+
+    dy = torch.randn(y.shape, dtype=y.dtype).to(memory_format=FORMATS[fmt])
+    op = getattr(torch.ops.convgen, f"{name}_backward")
+    dx, dw, db = op(dy, x.detach(), w.detach(), *_op_params(case, transposed))
+    (backward_name, args, kwargs, (rdx, rdw, rdb)) = calls[-1]
+    assert backward_name == f"{name}_backward" and kwargs["layout"] == layout
+    assert _address(args[0]) == dy.data_ptr() and _address(args[1]) == x.data_ptr()
+    assert (dx.data_ptr(), dw.data_ptr(), db.data_ptr()) == (_address(rdx), _address(rdw), _address(rdb))
+    assert dx.is_contiguous(memory_format=FORMATS[fmt]) and dw.shape == w.shape
+    y.backward(dy)
+    for before, after in zip(saved, (x, w, b)):
+        assert torch.equal(before, after.detach())  # the inputs are read, never written
+
+
+def _op_params(case, transposed):
+    """The explicit argument lists a grid case passes to the custom ops (its padding is numeric)."""
+    kw = case.kwargs(transposed)
+    (top, bottom), (left, right) = _pads(kw["padding"])
+    pair = lambda v: list(v) if isinstance(v, tuple) else [v, v]  # noqa: E731
+    return (pair(kw["stride"]), [top, bottom, left, right], pair(kw.get("output_padding", 0)), pair(kw["dilation"]),
+            kw["groups"], "auto")
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck(fmt, transposed):
+    """torch.library.opcheck: the schema, the autograd registration, the fake implementations' shapes
+    and strides against the real ones, and AOT dispatch with static and dynamic shapes."""
+    case = TRANSPOSE_CASES[3] if transposed else CONV_CASES[1]
+    x, w, b = tensors(case, "float64", fmt, transposed, requires_grad=True)
+    name = "conv_transpose2d" if transposed else "conv2d"
+    params = _op_params(case, transposed)
+    torch.library.opcheck(getattr(torch.ops.convgen, name), (x, w, b, *params))
+    y = getattr(torch.ops.convgen, name)(x, w, b, *params)
+    dy = torch.randn(y.shape, dtype=y.dtype).to(memory_format=FORMATS[fmt])
+    torch.library.opcheck(getattr(torch.ops.convgen, f"{name}_backward"), (dy, x.detach(), w.detach(), *params))
+
+
+def test_meta_tensors_give_shapes_and_memory_formats():
+    x = torch.empty(2, 4, 11, 10, device="meta").to(memory_format=torch.channels_last)
+    y = cgt.conv2d(x, torch.empty(6, 2, 3, 3, device="meta"), None, 2, 2, 3, 2)
+    assert y.device.type == "meta" and y.shape == (2, 6, 5, 4) and y.is_contiguous(memory_format=torch.channels_last)
+    y = cgt.conv_transpose2d(torch.empty(1, 4, 3, 3, device="meta"), torch.empty(4, 1, 3, 3, device="meta"),
+                             None, 2, 2, 2, 2, 3)
+    assert y.shape == (1, 2, 9, 9)  # (3 - 1)·2 − 4 + 3·2 + 2 + 1
+    with pytest.raises(ValueError, match="w expects 2 input channels per group .* but x has 4"):
+        cgt.conv2d(x, torch.empty(6, 2, 3, 3, device="meta"))  # checked where traced, with convgen's message
+
+
+# ------------------------------------------------------------------------------------- errors
+def test_bad_arguments_are_refused_by_name():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 2, 3, 3)
+    cases = [
+        (TypeError, "input must be float32 or float64.*float16", lambda: cgt.conv2d(x.half(), w.half())),
+        (TypeError, "input must be float32 or float64.*int64", lambda: cgt.conv2d(x.long(), w.long())),
+        (TypeError, "input and weight must share one dtype", lambda: cgt.conv2d(x, w.double())),
+        (TypeError, "input and bias must share one dtype", lambda: cgt.conv2d(x, w, torch.zeros(4).double())),
+        (TypeError, "input must be a torch.Tensor, got ndarray", lambda: cgt.conv2d(x.numpy(), w)),
+        (ValueError, "input must be a 4-D batch", lambda: cgt.conv2d(x[None], w)),
+        (ValueError, "weight must have 4 dimensions", lambda: cgt.conv2d(x, w[0])),
+        (ValueError, "bias must be 1-D", lambda: cgt.conv2d(x, w, torch.zeros(1, 4))),
+        (ValueError, "w expects 2 input channels per group", lambda: cgt.conv2d(x, w)),
+        (ValueError, "groups=3 must divide", lambda: cgt.conv2d(x, w, groups=3)),
+        (ValueError, "kernel extent 5 along h", lambda: cgt.conv2d(x[:, :, :4], w, groups=2, dilation=2)),
+        (ValueError, "padding must be an int, a pair, a pair of pairs, 'same' or 'valid'; got 'full'",
+         lambda: cgt.conv2d(x, w, groups=2, padding="full")),
+        (ValueError, "stride must be an int or 2 ints", lambda: cgt.conv2d(x, w, groups=2, stride=(1, 1, 1))),
+        (ValueError, "stride must be >= 1, got 0", lambda: cgt.conv2d(x, w, groups=2, stride=0)),
+        (ValueError, "algorithm", lambda: cgt.conv2d(x, w, groups=2, algorithm="fft")),
+        (ValueError, "output_padding along h must be smaller than max\\(stride, dilation\\) = 2",
+         lambda: cgt.conv_transpose2d(x, w, stride=2, output_padding=2)),
+        (ValueError, "output_padding must be 0 with padding='same'",
+         lambda: cgt.conv_transpose2d(x, w, stride=2, padding="same", output_padding=1)),
+    ]
+    for kind, message, call in cases:
+        with pytest.raises(kind, match=message):
+            call()
+
+
+class ElsewhereTensor(torch.Tensor):
+    """A CPU tensor that says it is on a GPU: the device check without a GPU on the machine."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_tensors_on_other_devices_are_refused():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    with pytest.raises(ValueError, match=r"input is on device cuda:0; convgen runs on the CPU \(move it with"):
+        cgt.conv2d(x.as_subclass(ElsewhereTensor), w)
+    with pytest.raises(ValueError, match="weight is on device cuda:0"):
+        cgt.conv_transpose2d(x, w.as_subclass(ElsewhereTensor))
+
+
+def test_nonzero_padding_modes_are_refused_by_name():
+    with pytest.raises(ValueError, match="supports padding_mode='zeros' only .* got padding_mode='reflect'"):
+        cgt.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+    layer = cgt.Conv2d(3, 4, 3, padding=1)
+    layer.padding_mode = "circular"
+    with pytest.raises(ValueError, match="padding_mode='circular'"):
+        layer(torch.randn(1, 3, 5, 5))
+
+
+# ------------------------------------------------------------------------------------ modules
+def test_modules_are_pytorchs_modules_computed_by_convgen():
+    torch.manual_seed(3)
+    theirs = torch.nn.Conv2d(4, 6, (4, 2), padding="same", groups=2)
+    torch.manual_seed(3)
+    ours = cgt.Conv2d(4, 6, (4, 2), padding="same", groups=2)  # same initialization, same keys
+    assert isinstance(ours, torch.nn.Conv2d) and list(ours.state_dict()) == ["weight", "bias"]
+    assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+    assert repr(ours) == repr(theirs)
+    x = torch.randn(2, 4, 5, 7)
+    with torch.no_grad():
+        assert_close(ours(x), theirs(x))
+
+    theirs = torch.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=0, bias=False)
+    ours = cgt.ConvTranspose2d(3, 2, 3, stride=2, padding=0, bias=False, algorithm="direct")
+    ours.load_state_dict(theirs.state_dict())
+    assert repr(ours) == repr(theirs)[:-1] + ", algorithm='direct')"
+    x = torch.randn(2, 3, 3, 4, dtype=torch.float32)
+    with torch.no_grad():
+        assert_close(ours(x, output_size=[8, 10]), theirs(x, output_size=[8, 10]))  # output_padding 1
+        assert ours(x).shape == (2, 2, 7, 9)
+
+
+class SmallCNN(torch.nn.Module):
+    """Every window here is in the test grid's prebuilt set (or compiled once by the Winograd tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1, groups=2), torch.nn.ReLU(),  # 8 per group: Winograd
+            torch.nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1), torch.nn.ReLU())
+        self.head = torch.nn.Conv2d(8, 3, 1, bias=False)
+
+    def forward(self, x):
+        return self.head(self.features(x)) + x
+
+
+CNN_SWAPPED = ["features.0", "features.2", "features.4", "features.6", "head"]
+# float32: the direct kernels sum in another order than oneDNN (~1e-7 relative) and the grouped 3x3
+# layer runs Winograd F(4x4, 3x3) (~4e-6); through five layers and back, 1e-4 of the largest value.
+CNN_TOLERANCE = 1e-4
+
+
+def _output_and_gradients(model, x):
+    x = x.detach().clone().requires_grad_(True)
+    y = model(x)
+    loss = (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum()
+    grads = torch.autograd.grad(loss, [x, *model.parameters()])
+    return y.detach(), grads
+
+
+def _relative(a, b):
+    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_gives_the_same_outputs_and_gradients(fmt):
+    torch.manual_seed(0)
+    original = SmallCNN().to(memory_format=FORMATS[fmt])
+    converted = copy.deepcopy(original)
+    parameters = dict(converted.named_parameters())
+    report = cgt.convert(converted)
+    assert [entry.name for entry in report.swapped] == CNN_SWAPPED and report.left == []
+    assert report.model is converted and str(report).startswith("convgen.torch.convert: 5 swapped, 0 left")
+    assert all(type(converted.get_submodule(name)) in (cgt.Conv2d, cgt.ConvTranspose2d) for name in CNN_SWAPPED)
+    assert all(p is parameters[name] for name, p in converted.named_parameters())  # the very same Parameters
+    assert list(converted.state_dict()) == list(original.state_dict())
+
+    x = torch.randn(2, 3, 12, 12).to(memory_format=FORMATS[fmt])
+    y, grads = _output_and_gradients(converted, x)
+    y_torch, grads_torch = _output_and_gradients(original, x)
+    assert y.is_contiguous(memory_format=FORMATS[fmt])
+    assert _relative(y, y_torch) <= CNN_TOLERANCE
+    names = ["x"] + [name for name, _ in original.named_parameters()]
+    for name, g, g_torch in zip(names, grads, grads_torch):
+        assert g.shape == g_torch.shape and _relative(g, g_torch) <= CNN_TOLERANCE, name
+
+
+class Hooked(torch.nn.Conv2d):
+    pass
+
+
+def test_convert_leaves_what_convgen_does_not_compute_and_says_why():
+    torch.manual_seed(0)
+    shared = torch.nn.Conv2d(2, 2, 3, padding=1)
+    hooked = torch.nn.Conv2d(2, 2, 3)
+    hooked.register_forward_hook(lambda *args: None)
+    model = torch.nn.ModuleDict(dict(
+        shared_a=shared, inner=torch.nn.Sequential(shared, torch.nn.ReLU()),
+        reflect=torch.nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"),
+        float16=torch.nn.Conv2d(2, 2, 3).half(), conv1d=torch.nn.Conv1d(2, 2, 3), hooked=hooked,
+        subclass=Hooked(2, 2, 3), lazy=torch.nn.LazyConv2d(2, 3),
+        spectral=torch.nn.utils.parametrizations.spectral_norm(torch.nn.Conv2d(2, 2, 3)),
+        done=cgt.Conv2d(2, 2, 3), transposed=torch.nn.ConvTranspose2d(2, 2, 4, stride=2, padding=1)))
+    report = cgt.convert(model)
+    assert [entry.name for entry in report.swapped] == ["shared_a", "transposed"]
+    assert model["shared_a"] is model["inner"][0] and type(model["inner"][0]) is cgt.Conv2d
+    reasons = {entry.name: entry.reason for entry in report.left}
+    assert reasons == {
+        "reflect": "padding_mode='reflect': convgen pads with zeros only",
+        "float16": "dtype torch.float16: convgen computes float32 and float64",
+        "conv1d": "convgen computes Conv2d, ConvTranspose2d, not Conv1d",
+        "hooked": "has forward or backward hooks (old-style weight_norm is one), which a swap would drop",
+        "subclass": "a subclass of torch.nn.Conv2d, whose forward may differ",
+        "lazy": "a lazy module whose parameters do not exist yet (run one forward pass first)",
+        "spectral": "parametrized (e.g. weight_norm, spectral_norm): its weight is computed on each call",
+        "done": "already computed by convgen",
+    }
+    for name in reasons:
+        assert f"left     {name}: " in str(report)
+
+    conv = torch.nn.Conv2d(2, 2, 3, padding=1)
+    report = cgt.convert(conv)  # the model itself is a convolution: the twin is report.model
+    assert type(report.model) is cgt.Conv2d and report.model.weight is conv.weight
+    assert str(report).splitlines()[1].startswith("  swapped  (model): Conv2d(2, 2, kernel_size=(3, 3)")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got list"):
+        cgt.convert([conv])
+
+
+# ----------------------------------------------------------------------------- compile, export
+def test_compiled_training_step_agrees(capsys):
+    """aot_eager traces forward and backward through the ops' fake implementations (fullgraph: no
+    graph break anywhere in convgen.torch); the compiled step matches the eager converted model."""
+    torch.manual_seed(1)
+    model = SmallCNN()
+    cgt.convert(model)
+    x = torch.randn(2, 3, 8, 8)
+    start = time.perf_counter()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    y, grads = _output_and_gradients(compiled, x)
+    elapsed = time.perf_counter() - start
+    y_eager, grads_eager = _output_and_gradients(model, x)
+    assert _relative(y, y_eager) <= 1e-6
+    for g, g_eager in zip(grads, grads_eager):
+        assert _relative(g, g_eager) <= 1e-6
+    with capsys.disabled():
+        print(f"\n  aot_eager compile and first step: {elapsed:.1f} s", end="")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own
+def test_inductor_compiled_model_agrees_and_keeps_channels_last(capsys):
+    """One inductor compile (forward, inference): the ReLU becomes generated C++ between the custom
+    ops, which receive and return channels_last buffers. (One pointwise kernel: each is a C++ compile.)"""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(cgt.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                cgt.ConvTranspose2d(8, 3, 4, stride=2, padding=1)).eval()
+    model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    start = time.perf_counter()
+    with torch._inductor.config.patch(compile_threads=1), torch.no_grad():  # no worker pool to start
+        y = torch.compile(model, fullgraph=True)(x)
+        elapsed = time.perf_counter() - start
+        y_eager = model(x)
+    assert _relative(y, y_eager) <= 1e-6 and y.is_contiguous(memory_format=torch.channels_last)
+    with capsys.disabled():
+        print(f"\n  inductor compile and first call: {elapsed:.1f} s", end="")
+
+
+def test_export_traces_the_ops():
+    torch.manual_seed(3)
+    model = SmallCNN().eval()
+    cgt.convert(model)
+    x = torch.randn(1, 3, 8, 8)
+    program = torch.export.export(model, (x,))
+    code = program.graph_module.code
+    assert code.count("torch.ops.convgen.conv2d.default") == 4
+    assert code.count("torch.ops.convgen.conv_transpose2d.default") == 1
+    with torch.no_grad():
+        assert _relative(program.module()(x), model(x)) <= 1e-6
+
+
+def test_every_window_is_prebuilt():
+    """The windows these tests compute are compiled up front with the grid, not serially on first use."""
+    windows = set(FORWARD_WINDOWS + GRADIENT_WINDOWS)
+    cases = [(c, False) for c in CONV_CASES + GRADCHECK_CONV_CASES] + [(c, True) for c in TRANSPOSE_CASES
+                                                                         + GRADCHECK_TRANSPOSE_CASES]
+    missing = {case.name: case.window(t).short() for case, t in cases if case.window(t) not in windows}
+    assert not missing
