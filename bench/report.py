@@ -270,10 +270,13 @@ def targets(results, fma, info, previous=None) -> list[str]:
     present = [i for i in CONVGEN_IMPLS if any(i in r["workspace_bytes"] for r in planar)]
     largest = {i: max((r for r in planar if i in r["workspace_bytes"]), key=lambda r: extra_bytes(r, i))
                for i in present}
-    line("peak extra memory per call ≤ 32 MiB on every layer (C workspace + Python-side, output excluded)",
-         all(extra_bytes(r, i) <= MEMORY_LIMIT for i, r in largest.items()),
-         "largest " + ", ".join(f"{extra_bytes(r, i) / MIB:.2f} MiB {SHORT[i]} ({r['op']} {r['layer'].name})"
-                                for i, r in largest.items()))
+    text = "peak extra memory per call ≤ 32 MiB on every layer (C workspace + Python-side, output excluded)"
+    if largest:
+        line(text, all(extra_bytes(r, i) <= MEMORY_LIMIT for i, r in largest.items()),
+             "largest " + ", ".join(f"{extra_bytes(r, i) / MIB:.2f} MiB {SHORT[i]} ({r['op']} {r['layer'].name})"
+                                    for i, r in largest.items()))
+    else:
+        line(text, None, None)
 
     # Not targets: what the algorithm buys over direct code for the same window, and the run's caveats.
     chosen = [r for r in fwd if "direct" in r["seconds"]]
