@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import planner
+from .batching import accepts_unbatched
 from .kernels import Kernels, get_kernels, num_threads, settings
 from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, resolve, result_array, split_out
 
@@ -149,13 +150,15 @@ def _backward(call: _Call, dy, x, w, out):
     return dx, dw, db
 
 
+@accepts_unbatched(2)
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
            algorithm="auto", padding_mode="zeros", out=None):
     """2-D convolution (cross-correlation, as PyTorch's conv2d).
 
     Parameters
     ----------
-    x : array (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC"; float32 or float64.
+    x : array (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC"; float32 or float64. Unbatched
+        x, (C, H, W) or (H, W, C), gives an unbatched y (as PyTorch; `out` then is unbatched too).
     w : weights (F, C/groups, KH, KW) for "NCHW", (KH, KW, C/groups, F) for "NHWC"; x's dtype.
     bias : optional (F,) array.
     stride, dilation : int or (h, w) pair.
@@ -183,6 +186,7 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     return _forward(call, x, w, bias, out)
 
 
+@accepts_unbatched(2)
 def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
                     algorithm="auto", padding_mode="zeros", out=None):
     """Gradients of conv2d with respect to x, w and the bias, given dy = ∂L/∂y.
@@ -199,6 +203,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     return _backward(call, dy, x, w, out)
 
 
+@accepts_unbatched(2)
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
                      layout="NCHW", specialize=True, algorithm="auto", padding_mode="zeros", out=None):
     """Transposed 2-D convolution (PyTorch's conv_transpose2d): the input gradient of conv2d.
@@ -220,6 +225,7 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     return _forward(call, x, w, bias, out)
 
 
+@accepts_unbatched(2)
 def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
                               layout="NCHW", specialize=True, algorithm="auto", padding_mode="zeros", out=None):
     """Gradients of conv_transpose2d with respect to x, w and the bias, given dy = ∂L/∂y.

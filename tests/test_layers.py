@@ -326,8 +326,8 @@ def test_bad_inputs_and_call_order():
         layer(np.zeros((1, 5, 6, 6), np.float32))
     with pytest.raises(TypeError, match="float32"):
         layer(np.zeros((1, 3, 6, 6), np.float64))
-    with pytest.raises(ValueError, match="4-D"):
-        layer(np.zeros((3, 6, 6), np.float32))
+    with pytest.raises(ValueError, match="4-D NCHW batch or one unbatched 3-D CHW image"):
+        layer(np.zeros((6, 6), np.float32))
     with pytest.raises(TypeError, match="NumPy array"):
         layer([[[[0.0]]]])
 

@@ -105,11 +105,14 @@ ALL, FWD, BWD, CONV, TRANS = OPS, FORWARD_OPS, ("conv2d_backward", "conv_transpo
     ("conv2d", "conv2d_backward"), TRANSPOSED_OPS
 BAD = [
     # wrong ndim, None, strings, unreadable lists
-    ("x-3d", ALL, _set("x", _drop_array_rank), ValueError, r"x must have 4 dimensions, got shape \(4, \d, \d\)"),
+    ("x-2d", ALL, _set("x", lambda a: a[0, 0]), ValueError, r"x must have 4 dimensions, got shape \(\d, \d\)"),
+    ("x-unbatched-dy-batched", BWD, _set("x", _drop_array_rank), ValueError,
+     r"dy and x must both be batched \(4 dimensions\) or both unbatched \(3\); got dy with 4 and x with 3"),
     ("x-5d", ALL, _set("x", lambda a: a[None]), ValueError, r"x must have 4 dimensions"),
     ("x-scalar", ALL, _set("x", 1.0), ValueError, r"x must have 4 dimensions, got shape \(\)"),
     ("w-3d", ALL, _set("w", _drop_array_rank), ValueError, r"w must have 4 dimensions"),
-    ("dy-3d", BWD, _set("dy", _drop_array_rank), ValueError, r"dy must have 4 dimensions"),
+    ("dy-3d", BWD, _set("dy", _drop_array_rank), ValueError, r"dy and x must both be batched"),
+    ("dy-2d", BWD, _set("dy", lambda a: a[0, 0]), ValueError, r"dy must have 4 dimensions"),
     ("bias-2d", FWD, _set("bias", lambda b: b[:, None]), ValueError, r"bias must have 1 dimensions"),
     ("x-none", ALL, _set("x", None), TypeError, r"x must be an array.*NoneType"),
     ("w-none", ALL, _set("w", None), TypeError, r"w must be an array.*NoneType"),
