@@ -19,7 +19,11 @@ SHORT = {"specialized": "specialized", "direct": "spec. direct", "generic": "gen
          "pytorch": "PyTorch"}
 OP_TITLES = {"forward": "Forward (conv2d)", "backward": "Backward (dx + dw + db)",
              "transposed": "Transposed forward (conv_transpose2d)",
-             "transposed_backward": "Transposed backward (dx + dw + db)"}
+             "transposed_backward": "Transposed backward (dx + dw + db)",
+             "conv1d": "1-D forward (conv1d)", "conv1d_backward": "1-D backward (dx + dw + db)",
+             "conv3d": "3-D forward (conv3d)", "conv3d_backward": "3-D backward (dx + dw + db)"}
+PLANAR_OPS = ("forward", "backward", "transposed", "transposed_backward")  # the Winograd issue's targets
+ND_OPS = ("conv1d", "conv1d_backward", "conv3d", "conv3d_backward")          # issue 12's
 IMPLS = ("specialized", "direct", "generic", "numpy", "pytorch")
 CONVGEN_IMPLS = ("specialized", "direct", "generic")
 MEMORY_LIMIT = 32 * MIB
@@ -138,7 +142,7 @@ def memory_table(results) -> list[str]:
                           _fmt(extra_bytes(r, i) / MIB, 2)]
             else:
                 cells += ["–", "–", "–"]
-        cells += [_fmt(r["output_bytes"] / MIB, 2), _fmt(r["python_bytes"]["numpy"] / MIB, 1)]
+        cells += [_fmt(r["output_bytes"] / MIB, 2), _fmt(r["python_bytes"].get("numpy", math.nan) / MIB, 1)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -262,13 +266,17 @@ def targets(results, fma, info, previous=None) -> list[str]:
     one_row_target(f"conv_transpose2d, 3×3 stride-1 window{' (' + tr3[0]['layer'].name + ')' if tr3 else ''}: "
                    "specialized ≥ 1.5× PyTorch", tr3, "pytorch", 1.5, note)
     lines.extend(_nothing_slower(results, have_torch, previous, info.get("cpu")))
-    present = [i for i in CONVGEN_IMPLS if any(i in r["workspace_bytes"] for r in results)]
-    largest = {i: max((r for r in results if i in r["workspace_bytes"]), key=lambda r: extra_bytes(r, i))
+    planar = [r for r in results if r["op"] in PLANAR_OPS]  # the 1-D and 3-D rows have their own targets
+    present = [i for i in CONVGEN_IMPLS if any(i in r["workspace_bytes"] for r in planar)]
+    largest = {i: max((r for r in planar if i in r["workspace_bytes"]), key=lambda r: extra_bytes(r, i))
                for i in present}
-    line("peak extra memory per call ≤ 32 MiB on every layer (C workspace + Python-side, output excluded)",
-         all(extra_bytes(r, i) <= MEMORY_LIMIT for i, r in largest.items()),
-         "largest " + ", ".join(f"{extra_bytes(r, i) / MIB:.2f} MiB {SHORT[i]} ({r['op']} {r['layer'].name})"
-                                for i, r in largest.items()))
+    text = "peak extra memory per call ≤ 32 MiB on every layer (C workspace + Python-side, output excluded)"
+    if largest:
+        line(text, all(extra_bytes(r, i) <= MEMORY_LIMIT for i, r in largest.items()),
+             "largest " + ", ".join(f"{extra_bytes(r, i) / MIB:.2f} MiB {SHORT[i]} ({r['op']} {r['layer'].name})"
+                                    for i, r in largest.items()))
+    else:
+        line(text, None, None)
 
     # Not targets: what the algorithm buys over direct code for the same window, and the run's caveats.
     chosen = [r for r in fwd if "direct" in r["seconds"]]
@@ -287,6 +295,25 @@ def targets(results, fma, info, previous=None) -> list[str]:
                      "(see the last column below): those rows are slower and noisier than this machine's best")
     if info.get("partial"):
         lines.append("- this run covered part of the suite only (--layers/--ops): the means are over what ran")
+    return lines
+
+
+def nd_targets(results) -> list[str]:
+    """Issue 12's targets: conv1d and conv3d, forward and backward, at least as fast as PyTorch on
+    each 1-D and 3-D row; with the extra memory each call takes (the 3-D fold copies its input)."""
+    have_torch = any("pytorch" in r["seconds"] for r in results)
+    lines = []
+    for op in ND_OPS:
+        rows = [r for r in results if r["op"] == op]
+        text = f"{OP_TITLES[op]}: specialized ≥ 1.0× PyTorch on every row"
+        if not rows or not have_torch:
+            lines.append(f"- {text}: not measured")
+            continue
+        per = [(r, ratio(r, "specialized", "pytorch")) for r in rows]
+        verdict = "**met**" if all(v >= 1.0 for _, v in per) else "**not met**"
+        lines.append(f"- {text}: {verdict} — " + ", ".join(
+            f"{r['layer'].name} {v:.2f}× ({r['algorithm']}; extra memory {extra_bytes(r, 'specialized') / MIB:.0f} MiB)"
+            for r, v in per))
     return lines
 
 
@@ -348,7 +375,8 @@ def markdown(results, fma, info, chart=None, previous=None) -> str:
     out += ["GFLOP/s are **effective**: the direct convolution's FLOP count divided by the time, whatever "
             "algorithm ran. Forward counts 2·N·F·(C/g)·KH·KW·Ho·Wo; backward counts dx and dw, 2× the forward "
             "(db is not counted); a transposed convolution counts as the conv2d whose input gradient it is "
-            "(2·N·C_in·C_out·KH·KW·H·W), its backward twice that. Winograd F(m×m, 3×3) does fewer multiplies "
+            "(2·N·C_in·C_out·KH·KW·H·W), its backward twice that; conv1d and conv3d count their own taps "
+            "(2·N·F·(C/g)·K·Lo, 2·N·F·(C/g)·KD·KH·KW·Do·Ho·Wo). Winograd F(m×m, 3×3) does fewer multiplies "
             "than that count (F(4×4, 3×3): 36 per 4×4 output tile and input channel instead of 144, a quarter; "
             "its transforms are additions and constant multiplies), so its effective rate can exceed 100 % of "
             "the FMA peak: past 100 %, the algorithm saved work the hardware did not have to do.", "",
@@ -365,9 +393,15 @@ def markdown(results, fma, info, chart=None, previous=None) -> str:
     for op in _ops_in(results):
         out += [f"## {OP_TITLES[op]}", ""] + op_table([r for r in results if r["op"] == op], peak_all) + [""]
     out += ["## Targets (Winograd issue)", ""] + targets(results, fma, info, previous) + [""]
+    if any(r["op"] in ND_OPS for r in results):
+        out += ["## Targets (1-D and 3-D, issue 12)", "",
+                "conv1d runs on the 2-D kernels with a unit height axis (no copies); conv3d folds its depth taps "
+                "into the channels, which copies its input KD/sd times over (and, in NCDHW, transposes its output "
+                "or dy once): that is most of the 3-D rows' extra memory.", ""] + nd_targets(results) + [""]
     out += ["## Memory per call", ""] + memory_table(results) + [""]
     out += ["## Times per call and agreement with NumPy", "",
-            "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing. "
+            "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing "
+            "(the 1-D and 3-D rows, which have no NumPy baseline, against PyTorch's result instead). "
             f"Direct code must agree within {ERROR_LIMIT:g}; a Winograd kernel within its own bound "
             "(`convgen.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
             "other processes' CPU: the share of the machine's CPU time used by other processes while the row "

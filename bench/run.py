@@ -19,6 +19,12 @@ FLOP convention: forward 2·N·F·(C/g)·KH·KW·Ho·Wo, the direct convolution'
 ran, so GFLOP/s is an *effective* rate (Winograd does fewer multiplies and can pass the FMA peak);
 backward counts dx and dw (2× the forward, db not counted); a transposed convolution counts as the
 conv2d whose input gradient it is.
+
+The 1-D and 3-D rows (an audio layer, a video layer) time conv1d and conv3d and their backward ops,
+which run on the 2-D kernels (a unit height axis; the depth taps folded into the channels). They
+have no NumPy column (an im2col of these layers would take 0.3-0.7 GB): their results are checked
+against PyTorch's, and they are left out when torch is not installed. They count the FLOPs of the
+convolution itself (2·N·F·(C/g)·K^rank·output positions).
 """
 
 from __future__ import annotations
@@ -67,7 +73,8 @@ import report  # noqa: E402
 # planner chose another algorithm for "specialized" (elsewhere the two are the same kernel).
 IMPLS = ("specialized", "direct", "generic", "numpy", "pytorch")
 CONVGEN_IMPLS = ("specialized", "direct", "generic")
-OPS = ("forward", "backward", "transposed", "transposed_backward")
+OPS = ("forward", "backward", "transposed", "transposed_backward", "conv1d", "conv1d_backward", "conv3d",
+       "conv3d_backward")
 ERROR_LIMIT = report.ERROR_LIMIT  # relative error against NumPy's float32 above which direct code is wrong
 
 
@@ -105,6 +112,43 @@ class Layer:
                                     self.s, self.p, 1, 1, "NCHW")
 
 
+@dataclasses.dataclass(frozen=True)
+class NdLayer:
+    """A 1-D or 3-D suite entry, channels-first (NCL, NCDHW): x (N, C, *sizes) -> F channels through a
+    window k on every axis, at stride s with padding p."""
+
+    name: str
+    rank: int
+    n: int
+    c: int
+    sizes: tuple
+    f: int
+    k: int
+    s: int
+    p: int
+    transposed: bool = False
+
+    @property
+    def shape_text(self) -> str:
+        return (f"{self.n}×{self.c}×{'×'.join(map(str, self.sizes))} → {self.f} ch, "
+                f"k{'x'.join([str(self.k)] * self.rank)}s{self.s}p{self.p}")
+
+    @property
+    def is_3x3_s1(self) -> bool:
+        """A 3×3 height × width window at stride 1: Winograd computes it (any depth)."""
+        return self.rank == 3 and self.k == 3 and self.s == 1
+
+    def problem(self) -> Problem:
+        """The 2-D problem that computes this layer (a unit height axis; the depth taps as channels)."""
+        f32 = np.dtype(np.float32)
+        if self.rank == 1:
+            return resolve.conv_problem((self.n, self.c, 1, self.sizes[0]), (self.f, self.c, 1, self.k), f32,
+                                        (1, self.s), ((0, 0), (self.p, self.p)), 1, 1, "NCHW")
+        depth = (self.sizes[0] + 2 * self.p - self.k) // self.s + 1
+        return resolve.conv_problem((self.n * depth, self.c * self.k, *self.sizes[1:]),
+                                    (self.f, self.c * self.k, self.k, self.k), f32, self.s, self.p, 1, 1, "NCHW")
+
+
 SUITE = (
     Layer("resnet3x3", 8, 64, 56, 56, 64, 3, 1, 1),
     Layer("resnet3x3s2", 8, 128, 28, 28, 256, 3, 2, 1),
@@ -120,16 +164,22 @@ SUITE = (
     Layer("bigbatch3x3", 32, 8, 32, 32, 8, 3, 1, 1),
     Layer("dcgan4x4s2", 8, 64, 28, 28, 32, 4, 2, 1, transposed=True),
     Layer("deconv3x3", 8, 64, 28, 28, 64, 3, 1, 1, transposed=True),
+    # 1-D and 3-D (issue 12): speech/audio features, 16000 samples, k9; a video or medical volume, 3×3×3.
+    NdLayer("audio_k9", 1, 8, 64, (16000,), 64, 9, 1, 4),
+    NdLayer("video3x3x3", 3, 2, 64, (16, 56, 56), 64, 3, 1, 1),
 )
 
 
-def ops_of(layer: Layer) -> tuple[str, ...]:
+def ops_of(layer) -> tuple[str, ...]:
+    if isinstance(layer, NdLayer):
+        return (f"conv{layer.rank}d", f"conv{layer.rank}d_backward")
     return ("transposed", "transposed_backward") if layer.transposed else ("forward", "backward")
 
 
 # The entry points each op calls, in order (a transposed problem runs them as its conv()).
 ENTRIES = {"forward": ("fwd",), "backward": ("bwd_data", "bwd_weight"), "transposed": ("bwd_data",),
-           "transposed_backward": ("fwd", "bwd_weight")}
+           "transposed_backward": ("fwd", "bwd_weight"), "conv1d": ("fwd",), "conv1d_backward": ("bwd_data", "bwd_weight"),
+           "conv3d": ("fwd",), "conv3d_backward": ("bwd_data", "bwd_weight")}
 
 
 def algorithm_text(spec: ConvSpec) -> str:
@@ -154,7 +204,7 @@ def row_algorithm(op: str, spec: ConvSpec) -> str:
     """What the specialized implementation of an `op` row computes with. Winograd computes a
     convolution and an input gradient; a weight gradient is always direct."""
     text = algorithm_text(spec)
-    if spec.family != "direct" and op in ("backward", "transposed_backward"):
+    if spec.family != "direct" and op.endswith("backward"):
         return f"{text} dx, direct dw"
     return text
 
@@ -171,7 +221,8 @@ class Case:
     workspace: dict          # convgen implementation -> C workspace bytes (largest kernel call of the op)
     output_bytes: int        # the result arrays, preallocated for convgen (out=), new for the others
     algorithm: str           # what the specialized implementation computes with ("direct", "winograd F(4x4)")
-    error_limits: dict       # implementation -> largest relative error against NumPy that counts as right
+    error_limits: dict       # implementation -> largest relative error against the reference that counts as right
+    reference: str = "numpy"  # the implementation every result is checked against
 
 
 def _relative_error(got, expected) -> float:
@@ -188,6 +239,8 @@ def _relative_error(got, expected) -> float:
 
 def make_case(op: str, layer: Layer, torch, algorithm: str = "auto") -> Case:
     """Inputs, outputs and callables of one row; the specialized implementation runs `algorithm`."""
+    if isinstance(layer, NdLayer):
+        return _make_nd_case(op, layer, torch, algorithm)
     rng = np.random.default_rng(0)
     L = layer
     stride, padding = (L.s, L.s), (L.p, L.p)
@@ -235,6 +288,59 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto") -> Case:
         # Winograd rounds differently from direct code: its own, documented bound.
         limits["specialized"] = winograd.ERROR_BOUND["float32"]
     return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits)
+
+
+def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
+    """A 1-D or 3-D row: conv1d/conv3d (or its backward) of every convgen build and PyTorch, checked
+    against PyTorch's result."""
+    if torch is None:
+        raise ValueError(f"the {layer.name} rows are checked against PyTorch, which is not installed")
+    rng = np.random.default_rng(0)
+    L, r = layer, layer.rank
+    x = rng.standard_normal((L.n, L.c, *L.sizes), dtype=np.float32)
+    w = rng.standard_normal((L.f, L.c) + (L.k,) * r, dtype=np.float32) / np.float32(math.sqrt(L.c * L.k ** r))
+    problem = L.problem()
+    specs = specs_of(problem, algorithm)
+    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
+    kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
+          "generic": dict(specialize=False)}
+    kw = {v: dict(stride=L.s, padding=L.p, **kw[v]) for v in specs}
+    out_sizes = tuple((n + 2 * L.p - L.k) // L.s + 1 for n in L.sizes)
+    name, functional = f"conv{r}d", torch.nn.functional
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    funcs = {}
+    if op == name:
+        conv_op, ys = getattr(convgen, name), {v: np.empty((L.n, L.f, *out_sizes), np.float32) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: conv_op(x, w, **kw[v], out=ys[v]))(v)
+        flops, out_bytes = problem.flops, ys["specialized"].nbytes
+
+        def run():
+            with torch.no_grad():
+                return getattr(functional, name)(tx, tw, stride=L.s, padding=L.p)
+    else:
+        grad_op = getattr(convgen, name + "_backward")
+        dy = rng.standard_normal((L.n, L.f, *out_sizes), dtype=np.float32)
+        tdy = torch.from_numpy(dy)
+        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: grad_op(dy, x, w, **kw[v], out=outs[v]))(v)
+        flops, out_bytes = 2 * problem.flops, sum(a.nbytes for a in outs["specialized"])
+
+        def run():
+            with torch.no_grad():
+                return torch.ops.aten.convolution_backward(tdy, tx, tw, [L.f], [L.s] * r, [L.p] * r, [1] * r, False,
+                                                           [0] * r, 1, [True, True, True])
+
+    run.as_numpy = lambda result: (tuple(t.numpy() for t in result) if isinstance(result, tuple)
+                                   else result.numpy())
+    funcs["pytorch"] = run
+    limits = {v: ERROR_LIMIT for v in funcs}
+    if specs["specialized"].family == "winograd":
+        limits["specialized"] = winograd.ERROR_BOUND["float32"]
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits,
+                reference="pytorch")
 
 
 def _torch_func(torch, op, L, x, w, dy):
@@ -345,19 +451,23 @@ class QuietWaiter:
 
 
 def run_case(case: Case, repeat: int, min_time: float) -> dict:
-    """Check every implementation against NumPy, measure convgen's memory, then time them all alternated."""
-    expected = case.funcs["numpy"]()
+    """Check every implementation against the reference (NumPy, or PyTorch for 1-D and 3-D rows), measure
+    convgen's memory, then time them all alternated."""
+    reference_func = case.funcs[case.reference]
+    expected = reference_func()
+    if hasattr(reference_func, "as_numpy"):
+        expected = reference_func.as_numpy(expected)
     errors = {}
     for name, func in case.funcs.items():
         result = func()
         if hasattr(func, "as_numpy"):
             result = func.as_numpy(result)
-        errors[name] = 0.0 if name == "numpy" else _relative_error(result, expected)
+        errors[name] = 0.0 if name == case.reference else _relative_error(result, expected)
     del expected
     wrong = [f"{name} {errors[name]:.1e} > {case.error_limits[name]:g}" for name in errors
              if not errors[name] <= case.error_limits[name]]
     if wrong:
-        print(f"  WRONG: {case.op} {case.layer.name} disagrees with NumPy: {', '.join(wrong)}", file=sys.stderr,
+        print(f"  WRONG: {case.op} {case.layer.name} disagrees with {case.reference}: {', '.join(wrong)}", file=sys.stderr,
               flush=True)
     memory = {name: python_extra_bytes(case.funcs[name]) for name in (*CONVGEN_IMPLS, "numpy") if name in case.funcs}
     with OtherLoad() as load:
@@ -492,6 +602,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(threads)
     rows_to_run = [(op, layer) for layer in SUITE if layer.name in args.layers
                    for op in ops_of(layer) if op in args.ops]
+    if torch is None and any(isinstance(layer, NdLayer) for _, layer in rows_to_run):
+        print("without PyTorch the 1-D and 3-D rows are skipped: they are checked against it", flush=True)
+        rows_to_run = [(op, layer) for op, layer in rows_to_run if not isinstance(layer, NdLayer)]
     if not rows_to_run:
         print("nothing to run: no layer of --layers has an op of --ops", file=sys.stderr)
         return 2

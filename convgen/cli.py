@@ -1,7 +1,9 @@
 """The `convgen` command line: build kernel sets, read and export their C, compare variants, manage the cache.
 
 Every command reads a kernel spec in the compact window text of `Window.parse` ("k3s2p1",
-"k7s2p3d1", "k3x5s1p1x2"), with --dtype and --layout beside it. Exit codes: 0 success, 1 failure,
+"k7s2p3d1", "k3x5s1p1x2", "k3s1p1reflect"), with --dtype and --layout beside it. The layout sets the rank: a 1-D
+(--layout NCL/NLC) or 3-D (NCDHW/NDHWC, or a window such as k3x3x3s1p1) spec names the 2-D kernel
+module that runs it (`convgen.ndspec`). Exit codes: 0 success, 1 failure,
 2 usage error. Errors are one line on stderr ("convgen: error: ..."); --verbose adds the traceback.
 """
 
@@ -18,7 +20,10 @@ from pathlib import Path
 
 from ._version import __version__
 from .schedule import ISAS
-from .spec import DTYPES, LAYOUTS, WINOGRAD_TILES, ConvSpec, Window, winograd_computes
+from .ndspec import LAYOUTS as LAYOUTS_BY_RANK, RANK_OF_LAYOUT, NdWindow, lowered_spec, window_rank
+from .spec import DTYPES, WINOGRAD_TILES, WINOGRAD_WINDOW_TEXT, ConvSpec, Window, winograd_computes
+
+LAYOUTS = tuple(layout for rank in (2, 1, 3) for layout in LAYOUTS_BY_RANK[rank])
 
 DEFAULT_SPEC_FILE = "kernels.toml"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -45,12 +50,36 @@ class _Parser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------------------------- argument types
 def _spec_text(text: str) -> str:
-    """A window such as k3s2p1, or "generic"; checked here so that a typo is a usage error."""
+    """A window such as k3s2p1 or k3x3x3s1p1, or "generic"; checked here so that a typo is a usage error."""
     try:
-        ConvSpec.parse(text)
+        if window_rank(text) == 3:
+            NdWindow.parse(text)
+        else:
+            ConvSpec.parse(text)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _layout(args) -> str:
+    """--layout, or by default NCDHW for a window with three values and NCHW for the rest."""
+    if args.layout is not None:
+        return args.layout
+    return "NCDHW" if window_rank(args.spec) == 3 else "NCHW"
+
+
+def _lowering_note(args) -> str:
+    """For a 1-D or 3-D spec: which 2-D module runs it, as a C comment; "" for a 2-D one."""
+    layout = _layout(args)
+    rank = RANK_OF_LAYOUT[layout]
+    if rank == 2 or args.generic or args.spec.strip().lower() == "generic":
+        return "" if rank == 2 else f"/* {layout}: the generic 2-D build runs every {rank}-D window. */\n"
+    window = NdWindow.parse(args.spec, rank)
+    planar = window.lower()[1].short()
+    how = ("with a unit height axis" if rank == 1 else
+           "with the depth taps folded into the channels (convgen/depthfold.py)")
+    return (f"/* {window.short()} {layout}: a {rank}-D window runs on the 2-D kernels of {planar}, {how}; "
+            f"this is that module. */\n")
 
 
 def _window(text: str) -> Window:
@@ -94,19 +123,23 @@ def _spec_from_args(args) -> ConvSpec:
     if args.tile is not None and (args.algorithm == "direct" or generic):
         raise UsageError("--tile is the output tile of Winograd F(m x m, 3 x 3): it goes with --algorithm winograd "
                          "or auto and a window")
-    spec = ConvSpec.parse(args.spec, args.dtype, args.layout)
+    layout = _layout(args)
+    try:
+        spec = lowered_spec(args.spec, args.dtype, layout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if generic:
         return spec.generic()
     if args.algorithm == "auto" and not winograd_computes(spec.window):
         if args.tile is not None:
-            raise UsageError(f"--tile is for Winograd, which does not compute {spec.short()} (3x3 windows at stride 1 "
-                             f"without dilation only)")
+            raise UsageError(f"--tile is for Winograd, which does not compute {spec.short()} ({WINOGRAD_WINDOW_TEXT} "
+                             f"only)")
         return spec
     if args.algorithm == "direct":
         return spec
     tile = args.tile if args.tile is not None else _schedule(args.isa).winograd_tile
     try:
-        return ConvSpec.parse(args.spec, args.dtype, args.layout, "winograd", tile)
+        return lowered_spec(args.spec, args.dtype, layout, "winograd", tile)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -190,14 +223,14 @@ def cmd_show(args) -> int:
     spec = _spec_from_args(args)
     schedule = _schedule(args.isa)
     if not args.diff:
-        sys.stdout.write(_view(render(spec, schedule), args.op))
+        sys.stdout.write(_lowering_note(args) + _view(render(spec, schedule), args.op))
         return EXIT_OK
     if not spec.specialized:
         raise UsageError("--diff compares a specialized build with the generic one: give a window such as k3s1p1, "
                          "without --generic")
     generic, specialized = render(spec.generic(), schedule), render(spec, schedule)
     op = f" --op {args.op}" if args.op else ""
-    sys.stdout.write(unified_diff(_view(generic, args.op), _view(specialized, args.op),
+    sys.stdout.write(_lowering_note(args) + unified_diff(_view(generic, args.op), _view(specialized, args.op),
                                   f"generic {_label(spec.generic())[8:]}{op}", f"specialized {_label(spec)}{op}"))
     return EXIT_OK
 
@@ -206,10 +239,16 @@ def cmd_show(args) -> int:
 def cmd_export(args) -> int:
     from .export import compile_hint, export_module, module_basename
     from .render import render
+    if RANK_OF_LAYOUT[_layout(args)] == 3:
+        raise UsageError("export writes 2-D kernels, and a 3-D convolution folds its depth taps into the channels "
+                         "in Python (convgen/depthfold.py): export its height x width window with a 2-D layout")
     rendered = render(_spec_from_args(args), _schedule(args.isa))
     c_path, h_path = export_module(rendered, args.output)
     print(f"wrote {c_path} and {h_path}")
     print(f"build it with: (cd {c_path.parent} && {compile_hint(rendered, module_basename(rendered.spec))})")
+    if RANK_OF_LAYOUT[_layout(args)] == 1:
+        print(f"(a 1-D window runs as the 2-D window {rendered.spec.short()} with h = 1 in layout "
+              f"{rendered.spec.layout}: a unit height axis)")
     return EXIT_OK
 
 
@@ -281,10 +320,14 @@ def cmd_cache(args) -> int:
 # ----------------------------------------------------------------------------------------- parser
 def _add_spec_options(p, generic_help: str) -> None:
     p.add_argument("spec", type=_spec_text, metavar="SPEC",
-                   help="the window: k<kernel>[s<stride>][p<padding>][d<dilation>], e.g. k3s2p1, k7s2p3d1, "
-                        "k3x5s1p1x2 (h x w); or 'generic'")
+                   help="the window: k<kernel>[s<stride>][p<padding>][d<dilation>][padding mode], e.g. k3s2p1, "
+                        "k7s2p3d1, k3x5s1p1x2 (h x w), k3s1p1reflect (reflect, replicate or circular padding), "
+                        "k3x3x3s1p1 (3-D; d x h x w), k9s1p4 with --layout NCL (1-D); "
+                        "or 'generic'")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
-    p.add_argument("--layout", default="NCHW", type=str.upper, choices=LAYOUTS, help="data layout (default NCHW)")
+    p.add_argument("--layout", default=None, type=str.upper, choices=LAYOUTS,
+                   help="data layout, which sets the rank: NCHW or NHWC (2-D), NCL or NLC (1-D), NCDHW or NDHWC "
+                        "(3-D); default NCHW, or NCDHW for a window with three values")
     p.add_argument("--generic", action="store_true", help=generic_help)
     p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd"),
                    help="the algorithm family: auto (default) takes winograd for 3x3 windows at stride 1 without "
@@ -303,7 +346,8 @@ def make_parser() -> argparse.ArgumentParser:
                          help="on an error, print the traceback too")
     parser = _Parser(
         prog="convgen", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Specialized 2-D convolution kernels: build, read, export and compare them.",
+        description="Specialized convolution kernels (2-D; 1-D and 3-D windows run on them): build, read, export "
+                    "and compare them.",
         epilog="examples:\n  convgen build kernels.toml -j 2\n  convgen show k3s2p1 --op forward --diff\n"
                "  convgen export k3s2p1 -o export/\n  convgen compare k3s1p1 --shape 8,64,56,56,64\n"
                "  convgen cache info\n\nexit codes: 0 success, 1 failure, 2 usage error")
@@ -344,7 +388,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = command("compare", "time specialized vs generic vs NumPy (and PyTorch when installed) on one NCHW layer",
                 "convgen compare k3s1p1 --shape 8,64,56,56,64 --repeat 5", cmd_compare)
-    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1")
+    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1 or k3s1p1reflect")
     p.add_argument("--shape", type=_shape, required=True, metavar="N,C,H,W,F",
                    help="batch, input channels, height, width, output channels")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")

@@ -1,4 +1,4 @@
-"""Plain-NumPy reference implementations of 2-D convolution (the test oracle).
+"""Plain-NumPy reference implementations of convolution (the test oracle): 2-D, and 1-D and 3-D below.
 
 Every compiled kernel in convgen is checked against this module, so it is written
 to be *obviously* correct rather than fast, and it deliberately uses different
@@ -29,7 +29,8 @@ layout      activations     conv2d weight                conv_transpose2d weight
 
 ``stride`` and ``dilation`` are an int or an (h, w) pair.  ``padding`` is an int,
 an (h, w) pair (symmetric), ``((top, bottom), (left, right))``, ``"valid"`` or
-``"same"`` (TensorFlow's rule; see :func:`resolve_padding`).
+``"same"`` (TensorFlow's rule; see :func:`resolve_padding`).  ``conv2d`` and
+``conv2d_backward`` take PyTorch's ``padding_mode`` too (see :func:`pad`).
 """
 
 import operator
@@ -44,6 +45,8 @@ __all__ = [
     "conv2d_output_size",
     "conv_transpose2d_output_size",
     "resolve_padding",
+    "pad",
+    "pad_adjoint",
 ]
 
 _LAYOUTS = ("NCHW", "NHWC")
@@ -168,6 +171,67 @@ def resolve_padding(padding, in_hw, k_hw, stride_hw, dilation_hw, transposed=Fal
     if min(pads[0] + pads[1]) < 0:
         raise ValueError(f"padding: expected non-negative values, got {padding!r}")
     return pads
+
+
+# --------------------------------------------------------------------------
+# Padding modes
+# --------------------------------------------------------------------------
+
+# PyTorch's padding_mode names and the np.pad mode of each.
+_NUMPY_PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def _check_padding_mode(padding_mode, pads, in_hw):
+    """PyTorch's rules: a known mode; reflect pads less than the input, circular at most the input,
+    replicate needs an input to repeat (per axis, where it pads at all)."""
+    if padding_mode not in _NUMPY_PAD_MODES:
+        raise ValueError(f"padding_mode: expected one of {tuple(_NUMPY_PAD_MODES)}, got {padding_mode!r}")
+    for (before, after), n in zip(pads, in_hw):
+        most = max(before, after)
+        if most == 0:
+            continue
+        if padding_mode == "reflect" and most >= n:
+            raise ValueError(f"padding: reflect padding {(before, after)} must be smaller than the input size {n}")
+        if padding_mode == "circular" and most > n:
+            raise ValueError(f"padding: circular padding {(before, after)} must be at most the input size {n}")
+        if padding_mode == "replicate" and n == 0:
+            raise ValueError(f"padding: replicate padding {(before, after)} of an empty input")
+
+
+def pad(x, pads, padding_mode="zeros"):
+    """NCHW ``x`` padded by ``pads = ((top, bottom), (left, right))`` as PyTorch's ``padding_mode``
+    fills it: zeros, reflect (numpy's "reflect": the edge is not repeated), replicate ("edge") or
+    circular ("wrap")."""
+    mode = _NUMPY_PAD_MODES[padding_mode]
+    return np.pad(x, ((0, 0), (0, 0)) + tuple(pads), mode=mode)
+
+
+def _source_indices(n, before, after, padding_mode):
+    """For each position of a padded axis, the input index ``pad`` copied there (-1: a zero).
+
+    Found by padding the indices themselves, so it is the same rule as ``pad``'s."""
+    indices = np.arange(n)
+    if padding_mode == "zeros":
+        return np.pad(indices, (before, after), constant_values=-1)
+    return np.pad(indices, (before, after), mode=_NUMPY_PAD_MODES[padding_mode])
+
+
+def pad_adjoint(dxpad, pads, in_hw, padding_mode="zeros"):
+    """The adjoint of :func:`pad`: every element of the padded gradient ``dxpad`` is added into
+    the input element it was copied from (dropped where the padding was zeros)."""
+    out = dxpad
+    for axis, (before, after), n in zip((2, 3), pads, in_hw):
+        source = _source_indices(n, before, after, padding_mode)
+        shape = list(out.shape)
+        shape[axis] = n
+        folded = np.zeros(shape)
+        keep = source >= 0
+        index = [slice(None)] * 4
+        index[axis] = source[keep]
+        taken = np.compress(keep, out, axis=axis)
+        np.add.at(folded, tuple(index), taken)
+        out = folded
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -356,12 +420,14 @@ def _float64_inputs(layout, bias, **arrays):
                      for name, value in given.items()))
 
 
-def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+           padding_mode="zeros"):
     """2-D cross-correlation (PyTorch ``conv2d`` semantics).
 
     ``y[n, f, oh, ow] = bias[f] + sum_{c, i, j} w[f, c, i, j] *
     xpad[n, g*Cg + c, oh*sh + i*dh, ow*sw + j*dw]`` where ``g = f // (F/groups)``
-    and ``xpad`` is ``x`` zero-padded by (top, bottom, left, right).
+    and ``xpad`` is ``x`` padded by (top, bottom, left, right) as ``padding_mode``
+    says (PyTorch's ``nn.Conv2d``): "zeros", "reflect", "replicate" or "circular".
 
     Returns ``y`` of shape (N, F, Ho, Wo) for NCHW or (N, Ho, Wo, F) for NHWC.
     """
@@ -372,7 +438,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
 
     b64 = _bias64(bias, F)
 
-    xpad = np.pad(x64, ((0, 0), (0, 0), (g["top"], g["bottom"]), (g["left"], g["right"])))
+    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
+    _check_padding_mode(padding_mode, pads, (g["H"], g["W"]))
+    xpad = pad(x64, pads, padding_mode)
     y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
     for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
         field = xpad[_ALL + win]
@@ -383,24 +451,28 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     return _act_from_nchw(y, layout, dtype)
 
 
-def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                    padding_mode="zeros"):
     """Gradients of ``sum(conv2d(x, w, b) * dy)`` with respect to x, w and b.
 
     Returns ``(dx, dw, db)`` with the shapes (and layout) of ``x``, ``w`` and (F,).
     For every output position: ``db += dy``, ``dw += dy^T . field`` and the
     field-shaped ``dy . w`` is scatter-added into a padded canvas, which is
-    finally cropped back to the input size.
+    finally folded back onto the input by the adjoint of the padding
+    (:func:`pad_adjoint`: cropped for zeros; for the other modes the border
+    is added into the input pixels it copied).
     """
     dtype, dy64, x64, w64 = _float64_inputs(layout, None, dy=dy, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
     Cg, Fg = C // G, F // G
+    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
+    _check_padding_mode(padding_mode, pads, (H, W))
     if dy64.shape != (N, F, g["Ho"], g["Wo"]):
         raise ValueError(
             f"dy: expected NCHW-equivalent shape {(N, F, g['Ho'], g['Wo'])}, got {dy64.shape}")
 
-    top, left = g["top"], g["left"]
-    xpad = np.pad(x64, ((0, 0), (0, 0), (top, g["bottom"]), (left, g["right"])))
+    xpad = pad(x64, pads, padding_mode)
     dxpad = np.zeros_like(xpad)
     dw64 = np.zeros_like(w64)
     db64 = np.zeros(F)
@@ -413,7 +485,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
             dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
             # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
             dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
-    dx64 = dxpad[:, :, top:top + H, left:left + W]
+    dx64 = pad_adjoint(dxpad, pads, (H, W), padding_mode)
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
             db64.astype(dtype))
@@ -489,3 +561,304 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
             db64.astype(dtype))
+
+
+# --------------------------------------------------------------------------
+# 1-D and 3-D convolution (one rank-generic implementation), with padding modes
+# --------------------------------------------------------------------------
+#
+# The same conventions one rank down and up: layouts NCL / NLC and NCDHW / NDHWC, weights
+# (F, C/groups, *K) channels-first and (*K, C/groups, F) channels-last (transposed: C_in and
+# C_out/groups in their places).  ``padding`` is an int, a sequence of one value (expanded) or one
+# per axis (each an int or a (before, after) pair), "valid" or "same".  ``padding_mode`` says what
+# the border holds: "zeros", "reflect" (mirrored without repeating the edge), "replicate" (the edge
+# repeated) or "circular" (wrapped around).  The padded input is built explicitly here, by index
+# arrays, and its adjoint folds a padded gradient back onto the positions each border value came
+# from; a transposed convolution's output is that fold of its scatter canvas.
+
+_ND_LAYOUTS = {1: ("NCL", "NLC"), 3: ("NCDHW", "NDHWC")}
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+__all__ += ["conv1d", "conv1d_backward", "conv_transpose1d", "conv_transpose1d_backward",
+            "conv3d", "conv3d_backward", "conv_transpose3d", "conv_transpose3d_backward"]
+
+
+def _per_axis(value, rank, name, minimum):
+    """An int or a sequence of 1 (expanded) or `rank` ints, each >= minimum, as a tuple."""
+    if isinstance(value, (tuple, list)):
+        if len(value) not in (1, rank):
+            raise ValueError(f"{name}: expected an int or {rank} values, got {value!r}")
+        values = tuple(_as_int(v, name) for v in value) * (rank if len(value) == 1 else 1)
+    else:
+        values = (_as_int(value, name),) * rank
+    if min(values) < minimum:
+        raise ValueError(f"{name}: expected values >= {minimum}, got {value!r}")
+    return values
+
+
+def _nd_pads(padding, rank, sizes, kernel, stride, dilation, transposed):
+    """One (before, after) pair per axis."""
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode == "valid":
+            return ((0, 0),) * rank
+        if mode == "same":
+            return tuple(_same_pads_1d(n, k, s, d, transposed)
+                         for n, k, s, d in zip(sizes, kernel, stride, dilation))
+        raise ValueError(f"padding: expected 'same' or 'valid', got {padding!r}")
+    items = padding if isinstance(padding, (tuple, list)) else (padding,)
+    if len(items) not in (1, rank):
+        raise ValueError(f"padding: expected an int or {rank} values, got {padding!r}")
+    pads = tuple(_pair(item, "padding") if isinstance(item, (tuple, list)) else (_as_int(item, "padding"),) * 2
+                 for item in items)
+    pads = pads * (rank if len(pads) == 1 else 1)
+    if min(min(p) for p in pads) < 0:
+        raise ValueError(f"padding: expected non-negative values, got {padding!r}")
+    return pads
+
+
+def _border_source(i, n, mode):
+    """Which of n positions the padded position i (counted from the first real one) holds; -1 for zero."""
+    if 0 <= i < n:
+        return i
+    if mode == "zeros":
+        return -1
+    if mode == "replicate":
+        return 0 if i < 0 else n - 1
+    if mode == "circular":
+        return i % n
+    mirrored = -i if i < 0 else 2 * (n - 1) - i  # reflect: mirror at the end it passed
+    if not 0 <= mirrored < n:
+        raise ValueError(f"padding_mode='reflect': position {i} is beyond one reflection of size {n}")
+    return mirrored
+
+
+def _border_indices(n, before, after, mode):
+    """Index array of a padded axis: the source position of each padded position, n for a zero."""
+    return np.array([n if s < 0 else s for s in
+                     (_border_source(i - before, n, mode) for i in range(before + n + after))], dtype=np.intp)
+
+
+def _pad_nd(a, pads, mode):
+    """a (N, C, *sizes) padded along every spatial axis (a new array)."""
+    for axis, (before, after) in enumerate(pads, start=2):
+        n = a.shape[axis]
+        zero = np.zeros(a.shape[:axis] + (1,) + a.shape[axis + 1:])
+        a = np.take(np.concatenate([a, zero], axis=axis), _border_indices(n, before, after, mode), axis=axis)
+    return a
+
+
+def _unpad_nd(apad, pads, sizes, mode):
+    """The adjoint of `_pad_nd`: each padded position added onto the position it holds."""
+    for axis, ((before, after), n) in enumerate(zip(pads, sizes), start=2):
+        moved = np.moveaxis(apad, axis, 0)
+        folded = np.zeros((n + 1,) + moved.shape[1:])
+        for i, src in enumerate(_border_indices(n, before, after, mode)):
+            folded[src] += moved[i]
+        apad = np.moveaxis(folded[:n], 0, axis)
+    return apad
+
+
+def _nd_arrays(rank, layout, bias, **arrays):
+    """(result dtype, the arrays as float64 channels-first copies, weights in PyTorch's order)."""
+    if layout not in _ND_LAYOUTS[rank]:
+        raise ValueError(f"layout: expected one of {_ND_LAYOUTS[rank]}, got {layout!r}")
+    given = {name: np.asarray(value) for name, value in arrays.items()}
+    for name, value in given.items():
+        if value.ndim != rank + 2:
+            raise ValueError(f"{name}: expected a {rank + 2}-D array, got shape {value.shape}")
+    dtype = _result_dtype(*given.values(), bias)
+    last = layout == _ND_LAYOUTS[rank][1]
+    out = []
+    for name, value in given.items():
+        if last:
+            value = (value.transpose(rank + 1, rank, *range(rank)) if name == "w"
+                     else value.transpose(0, rank + 1, *range(1, rank + 1)))
+        out.append(np.array(value, dtype=np.float64))
+    return (dtype, *out)
+
+
+def _nd_from_channels_first(a, rank, layout, dtype, weight=False):
+    if layout == _ND_LAYOUTS[rank][1]:
+        a = a.transpose(*range(2, rank + 2), 1, 0) if weight else a.transpose(0, *range(2, rank + 2), 1)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _nd_geometry(rank, x_shape, w_shape, stride, padding, dilation, groups, transposed, output_padding,
+                 padding_mode):
+    """Validate a rank-generic (transposed) convolution in channels-first terms; return its sizes."""
+    N, C, sizes = x_shape[0], x_shape[1], tuple(x_shape[2:])
+    outer, inner, kernel = w_shape[0], w_shape[1], tuple(w_shape[2:])
+    groups = _as_int(groups, "groups")
+    if groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups}")
+    if padding_mode not in _PADDING_MODES:
+        raise ValueError(f"padding_mode: expected one of {_PADDING_MODES}, got {padding_mode!r}")
+    if transposed:
+        if outer != C or C % groups:
+            raise ValueError(f"w: expected {C} input channels divisible by groups ({groups}), got {w_shape}")
+        F = inner * groups
+    else:
+        F = outer
+        if C % groups or F % groups or inner != C // groups:
+            raise ValueError(f"w: shape {w_shape} does not fit {C} input channels in {groups} groups")
+    if min(kernel) < 1:
+        raise ValueError(f"w: kernel size must be positive, got {kernel}")
+    stride = _per_axis(stride, rank, "stride", 1)
+    dilation = _per_axis(dilation, rank, "dilation", 1)
+    pads = _nd_pads(padding, rank, sizes, kernel, stride, dilation, transposed)
+    span = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
+    if transposed:
+        ops_ = _per_axis(output_padding, rank, "output_padding", 0)
+        if isinstance(padding, str) and padding.lower() == "same":
+            if set(ops_) != {0}:
+                raise ValueError(f"output_padding: must be 0 with padding='same', got {output_padding!r}")
+            ops_ = tuple(_same_transpose_output_padding_1d(n, k, s, d)
+                         for n, k, s, d in zip(sizes, kernel, stride, dilation))
+        if any(not o < max(s, d) for o, s, d in zip(ops_, stride, dilation)):
+            raise ValueError(f"output_padding: must be < max(stride, dilation), got {ops_}")
+        out_sizes = tuple(conv_transpose2d_output_size(n, k, s, b, a, d, o)
+                          for n, k, s, (b, a), d, o in zip(sizes, kernel, stride, pads, dilation, ops_))
+        border_sizes = out_sizes  # the border lies around the output, which the convolution reads
+    else:
+        out_sizes = tuple(conv2d_output_size(n, k, s, b, a, d)
+                          for n, k, s, (b, a), d in zip(sizes, kernel, stride, pads, dilation))
+        border_sizes = sizes
+    if min(out_sizes) < 1:
+        raise ValueError(f"output size {out_sizes} is not positive for input {sizes}, kernel {kernel}, "
+                         f"stride {stride}, padding {pads}, dilation {dilation}")
+    for n, (b, a) in zip(border_sizes, pads):
+        limit = {"zeros": np.inf, "replicate": np.inf, "circular": n, "reflect": n - 1}[padding_mode]
+        if max(b, a) > limit:
+            raise ValueError(f"padding {pads} is too large for padding_mode={padding_mode!r} on size {n}")
+    return dict(N=N, C=C, F=F, sizes=sizes, out_sizes=out_sizes, kernel=kernel, stride=stride, dilation=dilation,
+                pads=pads, groups=groups, span=span)
+
+
+def _nd_window(g, position):
+    """Spatial index of the dilated window anchored at a strided `position` of the padded array."""
+    return tuple(slice(p * s, p * s + sp, d) for p, s, sp, d in zip(position, g["stride"], g["span"], g["dilation"]))
+
+
+def _nd_conv(rank, x, w, bias, stride, padding, dilation, groups, layout, padding_mode):
+    dtype, x64, w64 = _nd_arrays(rank, layout, bias, x=x, w=w)
+    g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, False, 0, padding_mode)
+    G, F = g["groups"], g["F"]
+    Cg, Fg = g["C"] // G, F // G
+    axes = list(range(1, rank + 2))
+    xpad = _pad_nd(x64, g["pads"], padding_mode)
+    y = np.empty((g["N"], F) + g["out_sizes"])
+    for position in np.ndindex(*g["out_sizes"]):
+        field = xpad[_ALL + _nd_window(g, position)]
+        for cs, fs in _group_slices(G, Cg, Fg):
+            y[(slice(None), fs) + position] = np.tensordot(field[:, cs], w64[fs], axes=(axes, axes))
+    y += _bias64(bias, F).reshape((F,) + (1,) * rank)
+    return _nd_from_channels_first(y, rank, layout, dtype)
+
+
+def _nd_conv_backward(rank, dy, x, w, stride, padding, dilation, groups, layout, padding_mode):
+    dtype, dy64, x64, w64 = _nd_arrays(rank, layout, None, dy=dy, x=x, w=w)
+    g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, False, 0, padding_mode)
+    G, F = g["groups"], g["F"]
+    Cg, Fg = g["C"] // G, F // G
+    if dy64.shape != (g["N"], F) + g["out_sizes"]:
+        raise ValueError(f"dy: expected channels-first shape {(g['N'], F) + g['out_sizes']}, got {dy64.shape}")
+    xpad = _pad_nd(x64, g["pads"], padding_mode)
+    dxpad, dw64 = np.zeros_like(xpad), np.zeros_like(w64)
+    for position in np.ndindex(*g["out_sizes"]):
+        win = _nd_window(g, position)
+        field, grad = xpad[_ALL + win], dy64[(slice(None), slice(None)) + position]  # (N, C, *K), (N, F)
+        for cs, fs in _group_slices(G, Cg, Fg):
+            dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
+            dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
+    dx64 = _unpad_nd(dxpad, g["pads"], g["sizes"], padding_mode)
+    db64 = dy64.sum(axis=(0, *range(2, rank + 2)))
+    return (_nd_from_channels_first(dx64, rank, layout, dtype),
+            _nd_from_channels_first(dw64, rank, layout, dtype, weight=True), db64.astype(dtype))
+
+
+def _nd_conv_transpose(rank, x, w, bias, stride, padding, output_padding, dilation, groups, layout, padding_mode):
+    dtype, x64, w64 = _nd_arrays(rank, layout, bias, x=x, w=w)
+    g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, True, output_padding,
+                     padding_mode)
+    G, F = g["groups"], g["F"]
+    Cig, Cog = g["C"] // G, F // G
+    canvas = np.zeros((g["N"], F) + tuple(b + n + a for n, (b, a) in zip(g["out_sizes"], g["pads"])))
+    for position in np.ndindex(*g["sizes"]):
+        win = _nd_window(g, position)
+        for cs, os_ in _group_slices(G, Cig, Cog):
+            canvas[(slice(None), os_) + win] += np.tensordot(x64[(slice(None), cs) + position], w64[cs],
+                                                             axes=([1], [0]))
+    y = _unpad_nd(canvas, g["pads"], g["out_sizes"], padding_mode)
+    y += _bias64(bias, F).reshape((F,) + (1,) * rank)
+    return _nd_from_channels_first(y, rank, layout, dtype)
+
+
+def _nd_conv_transpose_backward(rank, dy, x, w, stride, padding, output_padding, dilation, groups, layout,
+                                padding_mode):
+    dtype, dy64, x64, w64 = _nd_arrays(rank, layout, None, dy=dy, x=x, w=w)
+    g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, True, output_padding,
+                     padding_mode)
+    G, F = g["groups"], g["F"]
+    Cig, Cog = g["C"] // G, F // G
+    if dy64.shape != (g["N"], F) + g["out_sizes"]:
+        raise ValueError(f"dy: expected channels-first shape {(g['N'], F) + g['out_sizes']}, got {dy64.shape}")
+    dcanvas = _pad_nd(dy64, g["pads"], padding_mode)  # the adjoint of the fold that made the output
+    dx64, dw64 = np.zeros_like(x64), np.zeros_like(w64)
+    for position in np.ndindex(*g["sizes"]):
+        field = dcanvas[_ALL + _nd_window(g, position)]
+        axes = list(range(1, rank + 2))
+        for cs, os_ in _group_slices(G, Cig, Cog):
+            dx64[(slice(None), cs) + position] = np.tensordot(field[:, os_], w64[cs], axes=(axes, axes))
+            dw64[cs] += np.tensordot(x64[(slice(None), cs) + position], field[:, os_], axes=([0], [0]))
+    db64 = dy64.sum(axis=(0, *range(2, rank + 2)))
+    return (_nd_from_channels_first(dx64, rank, layout, dtype),
+            _nd_from_channels_first(dw64, rank, layout, dtype, weight=True), db64.astype(dtype))
+
+
+def conv1d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCL", padding_mode="zeros"):
+    """1-D cross-correlation (PyTorch ``conv1d``): x (N, C, L) / (N, L, C), w (F, C/g, K) / (K, C/g, F)."""
+    return _nd_conv(1, x, w, bias, stride, padding, dilation, groups, layout, padding_mode)
+
+
+def conv1d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCL", padding_mode="zeros"):
+    """(dx, dw, db) of ``sum(conv1d(x, w, b) * dy)``."""
+    return _nd_conv_backward(1, dy, x, w, stride, padding, dilation, groups, layout, padding_mode)
+
+
+def conv_transpose1d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                     layout="NCL", padding_mode="zeros"):
+    """Transposed 1-D convolution (PyTorch ``conv_transpose1d``): w (C_in, C_out/g, K) / (K, C_out/g, C_in)."""
+    return _nd_conv_transpose(1, x, w, bias, stride, padding, output_padding, dilation, groups, layout, padding_mode)
+
+
+def conv_transpose1d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                              layout="NCL", padding_mode="zeros"):
+    """(dx, dw, db) of ``sum(conv_transpose1d(x, w, b) * dy)``."""
+    return _nd_conv_transpose_backward(1, dy, x, w, stride, padding, output_padding, dilation, groups, layout,
+                                       padding_mode)
+
+
+def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCDHW", padding_mode="zeros"):
+    """3-D cross-correlation (PyTorch ``conv3d``): x (N, C, D, H, W) / (N, D, H, W, C), w (F, C/g, KD, KH, KW)
+    / (KD, KH, KW, C/g, F)."""
+    return _nd_conv(3, x, w, bias, stride, padding, dilation, groups, layout, padding_mode)
+
+
+def conv3d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCDHW", padding_mode="zeros"):
+    """(dx, dw, db) of ``sum(conv3d(x, w, b) * dy)``."""
+    return _nd_conv_backward(3, dy, x, w, stride, padding, dilation, groups, layout, padding_mode)
+
+
+def conv_transpose3d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                     layout="NCDHW", padding_mode="zeros"):
+    """Transposed 3-D convolution (PyTorch ``conv_transpose3d``): w (C_in, C_out/g, KD, KH, KW) /
+    (KD, KH, KW, C_out/g, C_in)."""
+    return _nd_conv_transpose(3, x, w, bias, stride, padding, output_padding, dilation, groups, layout, padding_mode)
+
+
+def conv_transpose3d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                              layout="NCDHW", padding_mode="zeros"):
+    """(dx, dw, db) of ``sum(conv_transpose3d(x, w, b) * dy)``."""
+    return _nd_conv_transpose_backward(3, dy, x, w, stride, padding, output_padding, dilation, groups, layout,
+                                       padding_mode)

@@ -116,6 +116,34 @@ def test_a_row_checks_every_result_against_numpy(run):
     assert not run.report.wrong_results([row])
 
 
+def test_nd_rows_are_checked_against_torch(run):
+    """A tiny 3-D backward row and a 1-D forward row, run once: every implementation agrees with PyTorch,
+    the row says which algorithm ran, and the FLOPs are the 3-D convolution's."""
+    torch = pytest.importorskip("torch")
+    video = run.NdLayer("tiny3d", 3, 1, 8, (3, 6, 6), 8, 3, 1, 1)
+    assert video.problem().flops == 2 * 1 * 8 * 8 * 27 * 3 * 6 * 6
+    for op, layer in (("conv3d_backward", video), ("conv1d", run.NdLayer("tiny1d", 1, 2, 3, (20,), 4, 9, 1, 4))):
+        case = run.make_case(op, layer, torch)
+        assert case.reference == "pytorch" and "numpy" not in case.funcs
+        row = run.run_case(case, repeat=1, min_time=0.0)
+        assert all(e <= case.error_limits[i] for i, e in row["errors"].items()), row["errors"]
+    assert run.ops_of(video) == ("conv3d", "conv3d_backward")
+    assert {"audio_k9", "video3x3x3"} <= {layer.name for layer in run.SUITE}
+
+
+def test_nd_targets(run, report):
+    audio = next(l for l in run.SUITE if l.name == "audio_k9")
+    row = _row(run, "conv1d", "audio_k9", "direct", dict(specialized=1.0, generic=1.1, pytorch=2.0))
+    del row["python_bytes"]["numpy"]
+    slow = _row(run, "conv1d_backward", "audio_k9", "direct", dict(specialized=2.0, generic=2.1, pytorch=1.0))
+    lines = report.nd_targets([row, slow])
+    assert lines[0].startswith("- 1-D forward (conv1d): specialized ≥ 1.0× PyTorch on every row: **met** — audio_k9 2.00×")
+    assert "**not met** — audio_k9 0.50×" in lines[1] and lines[2].endswith("not measured")
+    text = report.markdown([row, slow], FMA, _info())
+    assert "## 1-D forward (conv1d)" in text and "## Targets (1-D and 3-D, issue 12)" in text
+    assert audio.problem().flops == 2 * 8 * 64 * 64 * 9 * 16000
+
+
 def test_tables_and_targets(run, report):
     results = _results(run)
     text = report.markdown(results, FMA, _info())

@@ -105,11 +105,14 @@ ALL, FWD, BWD, CONV, TRANS = OPS, FORWARD_OPS, ("conv2d_backward", "conv_transpo
     ("conv2d", "conv2d_backward"), TRANSPOSED_OPS
 BAD = [
     # wrong ndim, None, strings, unreadable lists
-    ("x-3d", ALL, _set("x", _drop_array_rank), ValueError, r"x must have 4 dimensions, got shape \(4, \d, \d\)"),
+    ("x-2d", ALL, _set("x", lambda a: a[0, 0]), ValueError, r"x must have 4 dimensions, got shape \(\d, \d\)"),
+    ("x-unbatched-dy-batched", BWD, _set("x", _drop_array_rank), ValueError,
+     r"dy and x must both be batched \(4 dimensions\) or both unbatched \(3\); got dy with 4 and x with 3"),
     ("x-5d", ALL, _set("x", lambda a: a[None]), ValueError, r"x must have 4 dimensions"),
     ("x-scalar", ALL, _set("x", 1.0), ValueError, r"x must have 4 dimensions, got shape \(\)"),
     ("w-3d", ALL, _set("w", _drop_array_rank), ValueError, r"w must have 4 dimensions"),
-    ("dy-3d", BWD, _set("dy", _drop_array_rank), ValueError, r"dy must have 4 dimensions"),
+    ("dy-3d", BWD, _set("dy", _drop_array_rank), ValueError, r"dy and x must both be batched"),
+    ("dy-2d", BWD, _set("dy", lambda a: a[0, 0]), ValueError, r"dy must have 4 dimensions"),
     ("bias-2d", FWD, _set("bias", lambda b: b[:, None]), ValueError, r"bias must have 1 dimensions"),
     ("x-none", ALL, _set("x", None), TypeError, r"x must be an array.*NoneType"),
     ("w-none", ALL, _set("w", None), TypeError, r"w must be an array.*NoneType"),
@@ -453,11 +456,11 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
 
     from convgen import abi, render, winograd
     from convgen.kernels import settings
-    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, ConvSpec, Window
+    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, PADDING_MODES, ConvSpec, Window
 
     schedule = settings().schedule()
-    window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)))
-    fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES)
+    window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)), "reflect")
+    fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES) | set(PADDING_MODES)
              | {schedule.isa, schedule.ukernel, convgen.__version__})
     winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4)
     for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW"), winograd_spec):
@@ -471,13 +474,14 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
                 return (value.isdigit() or value in fixed or value == str(spec) or value in symbols
                         or (value.startswith("g->") and value[3:].isidentifier()))
             # Winograd's coefficients are exact rationals it computes itself; `combine` writes them as C.
-            return type(value) in (int, bool, Fraction) or value is winograd.linear_combination
+            # (None: the generic build's padding mode, chosen at run time.)
+            return type(value) in (int, bool, Fraction) or value is winograd.linear_combination or value is None
 
         symbols = {spec.symbol(op) for op in abi.ENTRY_POINTS} | set(abi.signatures(spec).values())
         for key, value in context.items():
             assert allowed(value), f"template value {key}={value!r} ({type(value).__name__})"
     for bad in (dict(kernel=(3.0, 3)), dict(kernel=(3, 3), stride=True), dict(kernel="3"),
-                dict(kernel=(3, 3), padding="1; system(1)")):
+                dict(kernel=(3, 3), padding="1; system(1)"), dict(kernel=(3, 3), padding=1, padding_mode="zeros; f()")):
         with pytest.raises((TypeError, ValueError)):
             Window(**bad)
     for dtype, layout in (("float16", "NCHW"), ("float32); abort(", "NCHW"), ("float32", "NCHW */")):
