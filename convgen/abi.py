@@ -6,9 +6,9 @@ prototypes of an exported header, and the size arguments Python passes (`size_ar
 order of the int64 arguments, invisible to cffi if two were swapped, is written in one place.
 
 All entry points take the sizes of the forward convolution (x (n, c, h, w) -> y (n, f, ho, wo), in
-`SIZE_PARAMS` order), then, in the generic build only, the window (`WINDOW_PARAMS`), then the most
-threads the call may use. A transposed convolution is run as the input gradient of the
-convolution from its output back to its input (`Problem.conv()`).
+`SIZE_PARAMS` order), then, in the generic build only, the window (`WINDOW_PARAMS`, its padding mode
+as one of `PADDING_MODE_IDS`), then the most threads the call may use. A transposed convolution is
+run as the input gradient of the convolution from its output back to its input (`Problem.conv()`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 
 from .problem import Problem
-from .spec import ConvSpec
+from .spec import PADDING_MODES, ConvSpec
 
 SIZE_PARAMS = ("n", "c", "h", "w", "f", "ho", "wo", "groups")
-WINDOW_PARAMS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw")
+WINDOW_PARAMS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw", "pm")
+# The generic build's padding-mode argument `pm`: what the padding holds.
+PADDING_MODE_IDS = {mode: number for number, mode in enumerate(PADDING_MODES)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +92,9 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
         return values
     window = conv.window
     (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
-    return values + (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw)
+    return values + (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw,
+                     PADDING_MODE_IDS[window.padding_mode])
 
 
-__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature",
-           "signatures", "cdef", "size_arguments"]
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters",
+           "signature", "signatures", "cdef", "size_arguments"]

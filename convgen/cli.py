@@ -1,7 +1,7 @@
 """The `convgen` command line: build kernel sets, read and export their C, compare variants, manage the cache.
 
 Every command reads a kernel spec in the compact window text of `Window.parse` ("k3s2p1",
-"k7s2p3d1", "k3x5s1p1x2"), with --dtype and --layout beside it. The layout sets the rank: a 1-D
+"k7s2p3d1", "k3x5s1p1x2", "k3s1p1reflect"), with --dtype and --layout beside it. The layout sets the rank: a 1-D
 (--layout NCL/NLC) or 3-D (NCDHW/NDHWC, or a window such as k3x3x3s1p1) spec names the 2-D kernel
 module that runs it (`convgen.ndspec`). Exit codes: 0 success, 1 failure,
 2 usage error. Errors are one line on stderr ("convgen: error: ..."); --verbose adds the traceback.
@@ -21,7 +21,7 @@ from pathlib import Path
 from ._version import __version__
 from .schedule import ISAS
 from .ndspec import LAYOUTS as LAYOUTS_BY_RANK, RANK_OF_LAYOUT, NdWindow, lowered_spec, window_rank
-from .spec import DTYPES, WINOGRAD_TILES, ConvSpec, Window, winograd_computes
+from .spec import DTYPES, WINOGRAD_TILES, WINOGRAD_WINDOW_TEXT, ConvSpec, Window, winograd_computes
 
 LAYOUTS = tuple(layout for rank in (2, 1, 3) for layout in LAYOUTS_BY_RANK[rank])
 
@@ -132,8 +132,8 @@ def _spec_from_args(args) -> ConvSpec:
         return spec.generic()
     if args.algorithm == "auto" and not winograd_computes(spec.window):
         if args.tile is not None:
-            raise UsageError(f"--tile is for Winograd, which does not compute {spec.short()} (3x3 windows at stride 1 "
-                             f"without dilation only)")
+            raise UsageError(f"--tile is for Winograd, which does not compute {spec.short()} ({WINOGRAD_WINDOW_TEXT} "
+                             f"only)")
         return spec
     if args.algorithm == "direct":
         return spec
@@ -320,8 +320,9 @@ def cmd_cache(args) -> int:
 # ----------------------------------------------------------------------------------------- parser
 def _add_spec_options(p, generic_help: str) -> None:
     p.add_argument("spec", type=_spec_text, metavar="SPEC",
-                   help="the window: k<kernel>[s<stride>][p<padding>][d<dilation>], e.g. k3s2p1, k7s2p3d1, "
-                        "k3x5s1p1x2 (h x w), k3x3x3s1p1 (3-D; d x h x w), k9s1p4 with --layout NCL (1-D); "
+                   help="the window: k<kernel>[s<stride>][p<padding>][d<dilation>][padding mode], e.g. k3s2p1, "
+                        "k7s2p3d1, k3x5s1p1x2 (h x w), k3s1p1reflect (reflect, replicate or circular padding), "
+                        "k3x3x3s1p1 (3-D; d x h x w), k9s1p4 with --layout NCL (1-D); "
                         "or 'generic'")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
     p.add_argument("--layout", default=None, type=str.upper, choices=LAYOUTS,
@@ -387,7 +388,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = command("compare", "time specialized vs generic vs NumPy (and PyTorch when installed) on one NCHW layer",
                 "convgen compare k3s1p1 --shape 8,64,56,56,64 --repeat 5", cmd_compare)
-    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1")
+    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1 or k3s1p1reflect")
     p.add_argument("--shape", type=_shape, required=True, metavar="N,C,H,W,F",
                    help="batch, input channels, height, width, output channels")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")

@@ -28,7 +28,7 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     weight = rng.standard_normal((f, c, *window.kernel)).astype(dtype)
-    kw = dict(stride=window.stride, padding=window.padding, dilation=window.dilation)
+    kw = dict(stride=window.stride, padding=window.padding, dilation=window.dilation, padding_mode=window.padding_mode)
     problem = conv_problem(x.shape, weight.shape, x.dtype, groups=1, layout="NCHW", **kw)
     y = np.empty(problem.output_shape, dtype)
     schedule = settings().schedule()
@@ -41,14 +41,25 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
     symmetric = all(a == b for a, b in window.padding)
     if with_baselines and window.dilation == (1, 1) and symmetric:
         pads = (window.padding[0][0], window.padding[1][0])
-        funcs["numpy im2col+matmul"] = (lambda: numpy_conv2d(x, weight, window.stride, pads), None)
+        mode = window.padding_mode
+        if mode == "zeros":
+            funcs["numpy im2col+matmul"] = (lambda: numpy_conv2d(x, weight, window.stride, pads), None)
+        else:  # the baselines pad a copy of x first, as torch.nn.Conv2d does for these modes
+            numpy_mode = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+            funcs["numpy im2col+matmul"] = (lambda: numpy_conv2d(np.pad(x, ((0, 0), (0, 0)) + window.padding,
+                                                                        mode=numpy_mode), weight, window.stride),
+                                            None)
         torch = torch_module()
         if torch is not None:
             tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
+            F = torch.nn.functional
 
             def run_torch():
                 with torch.no_grad():
-                    torch.nn.functional.conv2d(tx, tw, stride=window.stride, padding=pads)
+                    if mode == "zeros":
+                        F.conv2d(tx, tw, stride=window.stride, padding=pads)
+                    else:
+                        F.conv2d(F.pad(tx, (pads[1], pads[1], pads[0], pads[0]), mode=mode), tw, stride=window.stride)
             funcs["pytorch"] = (run_torch, None)
     seconds = time_alternating({name: func for name, (func, _) in funcs.items()}, repeat=repeat)
     best = seconds["convgen specialized"]

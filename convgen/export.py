@@ -26,6 +26,12 @@ _SHAPES = {
     "NHWC": {"x": "(n, h, w, c)", "y": "(n, ho, wo, f)", "weight": "({kh}, {kw}, c / groups, f)"},
 }
 
+# What the padding holds in each mode other than zeros, and the sizes it needs (PyTorch's rules).
+_MODE_DOCS = {"reflect": "the image mirrored at its edge, the edge not repeated; each padding must be smaller "
+                         "than the input size (h or w) it pads",
+              "replicate": "the edge repeated; an input padded must not be empty",
+              "circular": "the image wrapped around; each padding must be at most the input size (h or w) it pads"}
+
 _OP_DOCS = {
     "fwd": """\
 Forward convolution (cross-correlation, as PyTorch's conv2d): y = conv2d(x, weight) + bias.
@@ -88,15 +94,20 @@ def _sizes_doc(spec: ConvSpec) -> str:
         (pt, pb), (pl, pr) = w.padding
         window = (f"This build is specialized for the window {spec.short()}: kernel {kh}x{kw}, stride {sh}x{sw},\n"
                   f"padding top {pt}, bottom {pb}, left {pl}, right {pr}, dilation {dh}x{dw}. They are compiled in.")
+        if w.padding_mode != "zeros":
+            window += "\n" + textwrap.fill(f"The padding is {w.padding_mode}: {_MODE_DOCS[w.padding_mode]}.", 96)
         ho = f"(h + {pt + pb} - {dh * (kh - 1) + 1}) / {sh} + 1"
         wo = f"(w + {pl + pr} - {dw * (kw - 1) + 1}) / {sw} + 1"
         window_args = ""
     else:
+        modes = ", ".join(f"{number} {mode}" + (f" ({_MODE_DOCS[mode]})" if mode in _MODE_DOCS else "")
+                          for mode, number in abi.PADDING_MODE_IDS.items())
         window = ("This is the generic build: the window is given at run time by kh, kw (kernel size), sh, sw\n"
-                  "(stride), pt, pl (padding at the top and left) and dh, dw (dilation); all >= 1 but pt, pl >= 0.")
+                  "(stride), pt, pl (padding at the top and left) and dh, dw (dilation); all >= 1 but pt, pl >= 0.\n"
+                  + textwrap.fill(f"pm is the padding mode: {modes}.", 96))
         ho = "(h + pt + pb - dh * (kh - 1) - 1) / sh + 1"
         wo = "(w + pl + pr - dw * (kw - 1) - 1) / sw + 1"
-        window_args = " kh, kw, sh, sw, pt, pl, dh, dw: the window, as above (pb, pr: bottom and right padding).\n"
+        window_args = " kh, kw, sh, sw, pt, pl, dh, dw, pm: the window, as above (pb, pr: bottom and right padding).\n"
     return f"""\
 {window}
 

@@ -23,10 +23,8 @@ from .ndops import (as_output_padding_nd, conv1d, conv1d_backward, conv3d, conv3
                     conv_transpose1d_backward, conv_transpose3d, conv_transpose3d_backward)
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
 from .planner import as_algorithm
-from .resolve import as_flag, as_float_dtype, as_layout, groups_dividing, as_output_padding
+from .resolve import as_flag, as_float_dtype, as_layout, as_padding_mode, groups_dividing, as_output_padding
 from .spec import as_int, as_pair, explicit_padding
-
-PADDING_MODES = ("zeros", "reflect", "replicate", "circular")  # torch's names
 
 
 def _generator(rng) -> np.random.Generator:
@@ -99,11 +97,7 @@ class _ConvLayer:
 
     # -- what the subclasses define
     def _checked_padding_mode(self, padding_mode) -> str:
-        if not isinstance(padding_mode, str) or padding_mode not in PADDING_MODES:
-            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, got {padding_mode!r}")
-        if padding_mode != "zeros":
-            raise ValueError(f"padding_mode={padding_mode!r} is not available yet; convgen pads with zeros")
-        return padding_mode
+        return as_padding_mode(padding_mode)
 
     def _weight_shape(self) -> tuple:
         raise NotImplementedError
@@ -113,7 +107,8 @@ class _ConvLayer:
 
     def _op_kwargs(self) -> dict:
         return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups,
-                    layout=self.layout, specialize=self.specialize, algorithm=self.algorithm)
+                    layout=self.layout, specialize=self.specialize, algorithm=self.algorithm,
+                    padding_mode=self.padding_mode)
 
     # -- the two passes
     def _check_input(self, x):
@@ -219,7 +214,9 @@ class Conv2d(_Convolution):
     The positional arguments are torch's, in torch's order; the rest are keyword-only: `dtype`
     (float32 or float64), `layout` ("NCHW" or "NHWC"), `specialize` and `algorithm` ("auto",
     "direct" or "winograd") as for `convgen.conv2d`, and `rng` (None, an int seed or a numpy
-    Generator) for the initial weights. `padding_mode` is torch's; convgen pads with zeros only.
+    Generator) for the initial weights. `padding_mode` is torch's: "zeros", "reflect", "replicate"
+    or "circular", as for `convgen.conv2d` (reflect pads less than the input, circular at most
+    the input: checked on each call, against that input).
 
     `forward(x)` (also `layer(x)`) returns y and keeps x; `backward(dy)` returns dx and stores
     `.dw` and `.db` (None without bias).

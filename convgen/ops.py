@@ -93,15 +93,17 @@ def _signature(op, arrays, params):
         return None
 
 
-def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, groups, layout, output_padding=0):
+def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, groups, layout, output_padding=0,
+             padding_mode="zeros"):
     """(arrays, _Call) of one call: remembered, or resolved and planned now."""
-    key = _signature(op, arrays, (specialize, algorithm, stride, padding, dilation, groups, layout, output_padding))
+    key = _signature(op, arrays, (specialize, algorithm, stride, padding, dilation, groups, layout, output_padding,
+                                  padding_mode))
     call = _CALLS.get(key)
     if call is not None:
         return arrays, call
     specialize = as_flag("specialize", specialize)
     algorithm = planner.as_algorithm(algorithm)
-    arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding)
+    arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding, padding_mode)
     call = _Call(resolved, planner.plan(resolved.problem, specialize, settings().schedule(), algorithm))
     if key is not None:
         if len(_CALLS) >= _CALLS_MAX:
@@ -150,7 +152,7 @@ def _backward(call: _Call, dy, x, w, out):
 
 @accepts_unbatched(2)
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
-           algorithm="auto", out=None):
+           algorithm="auto", padding_mode="zeros", out=None):
     """2-D convolution (cross-correlation, as PyTorch's conv2d).
 
     Parameters
@@ -164,39 +166,46 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         output ceil(input / stride), the odd extra row/column at the bottom/right).
     groups : input and output channels are split into this many independent groups.
     layout : "NCHW" or "NHWC".
+    padding_mode : what the padding holds, as PyTorch's Conv2d: "zeros" (default), "reflect" (the
+        image mirrored at its edge, the edge not repeated; padding < the input size), "replicate"
+        (the edge repeated) or "circular" (the image wrapped around; padding <= the input size).
+        Computed where the kernels split x into phase planes, without a padded copy of x.
     specialize : True calls the kernel compiled for exactly this window (kernel size, stride,
         padding, dilation as constants); False the generic kernel that takes them at run time.
     algorithm : "auto" (default), "direct" or "winograd". Winograd F(m×m, 3×3) computes 3×3
         windows at stride 1 without dilation with fewer multiplies, rounding differently (its error
         bound is in convgen.winograd); "auto" takes it where the schedule's cost model says it is
-        faster. The generic build is always direct.
+        faster. The generic build is always direct. Winograd pads with zeros only: with another
+        padding_mode "auto" runs the direct kernels and "winograd" is refused.
     out : optional preallocated C-contiguous output array of the right shape and dtype.
 
     Returns y: (N, F, Ho, Wo) or (N, Ho, Wo, F), with Ho = (H + top + bottom − dh·(KH − 1) − 1)//sh + 1.
     """
     (x, w, bias), call = _prepare("conv2d", (x, w, bias), specialize, algorithm, stride, padding, dilation, groups,
-                                  layout)
+                                  layout, padding_mode=padding_mode)
     return _forward(call, x, w, bias, out)
 
 
 @accepts_unbatched(2)
 def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
-                    algorithm="auto", out=None):
+                    algorithm="auto", padding_mode="zeros", out=None):
     """Gradients of conv2d with respect to x, w and the bias, given dy = ∂L/∂y.
 
     Keyword arguments are those of `conv2d`. Returns (dx, dw, db) with the shapes of x, w and the
     bias (F,). `out` may be a (dx, dw, db) tuple of preallocated arrays (any of them None).
     dW = dY·im2col(X)ᵀ, dX = col2im(Wᵀ·dY), db = dY summed over batch and space. With Winograd, dX
-    is the Winograd correlation of dY with the flipped filters; dW is always direct.
+    is the Winograd correlation of dY with the flipped filters; dW is always direct. With a
+    padding_mode other than zeros, the gradient that reaches the padding is added into the input
+    pixels the padding copied (the adjoint of the padding).
     """
     (dy, x, w), call = _prepare("conv2d_backward", (dy, x, w), specialize, algorithm, stride, padding, dilation,
-                                groups, layout)
+                                groups, layout, padding_mode=padding_mode)
     return _backward(call, dy, x, w, out)
 
 
 @accepts_unbatched(2)
 def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
-                     layout="NCHW", specialize=True, algorithm="auto", out=None):
+                     layout="NCHW", specialize=True, algorithm="auto", padding_mode="zeros", out=None):
     """Transposed 2-D convolution (PyTorch's conv_transpose2d): the input gradient of conv2d.
 
     x : (N, C_in, H, W) for "NCHW", (N, H, W, C_in) for "NHWC".
@@ -206,18 +215,19 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0, 
     output_padding : int or pair, 0 <= op < max(stride, dilation): extra rows/cols at the bottom/right.
     padding : as conv2d; "same" gives an output of exactly input·stride.
     algorithm : as conv2d (a 3×3 stride-1 transposed convolution is a Winograd correlation too).
+    padding_mode : only "zeros", as torch's ConvTranspose2d (a ValueError otherwise).
 
     Returns y with Ho = (H − 1)·sh − top − bottom + dh·(KH − 1) + oph + 1. Computed as col2im of Wᵀ·x,
     never by convolving a zero-stuffed input.
     """
     (x, w, bias), call = _prepare("conv_transpose2d", (x, w, bias), specialize, algorithm, stride, padding,
-                                  dilation, groups, layout, output_padding)
+                                  dilation, groups, layout, output_padding, padding_mode)
     return _forward(call, x, w, bias, out)
 
 
 @accepts_unbatched(2)
 def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
-                              layout="NCHW", specialize=True, algorithm="auto", out=None):
+                              layout="NCHW", specialize=True, algorithm="auto", padding_mode="zeros", out=None):
     """Gradients of conv_transpose2d with respect to x, w and the bias, given dy = ∂L/∂y.
 
     Keyword arguments are those of `conv_transpose2d`. Returns (dx, dw, db) shaped as x, w and the
@@ -225,7 +235,7 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     exchanged, db is dy summed over batch and space.
     """
     (dy, x, w), call = _prepare("conv_transpose2d_backward", (dy, x, w), specialize, algorithm, stride, padding,
-                                dilation, groups, layout, output_padding)
+                                dilation, groups, layout, output_padding, padding_mode)
     return _backward(call, dy, x, w, out)
 
 

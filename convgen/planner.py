@@ -41,6 +41,9 @@ def as_algorithm(value) -> str:
 def winograd_refusal(problem: Problem, schedule: Schedule) -> str | None:
     """Why Winograd cannot compute `problem` under `schedule`, or None when it can."""
     w = problem.window
+    if w.padding_mode != "zeros":
+        return (f"its input transform pads with zeros, not padding_mode={w.padding_mode!r} (the direct kernels "
+                f"compute every padding mode)")
     if not winograd_computes(w):
         return f"Winograd computes {WINOGRAD_WINDOW_TEXT}, not {w.short()}"
     tile = winograd_tile(problem.dtype, schedule)

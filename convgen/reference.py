@@ -29,7 +29,8 @@ layout      activations     conv2d weight                conv_transpose2d weight
 
 ``stride`` and ``dilation`` are an int or an (h, w) pair.  ``padding`` is an int,
 an (h, w) pair (symmetric), ``((top, bottom), (left, right))``, ``"valid"`` or
-``"same"`` (TensorFlow's rule; see :func:`resolve_padding`).
+``"same"`` (TensorFlow's rule; see :func:`resolve_padding`).  ``conv2d`` and
+``conv2d_backward`` take PyTorch's ``padding_mode`` too (see :func:`pad`).
 """
 
 import operator
@@ -44,6 +45,8 @@ __all__ = [
     "conv2d_output_size",
     "conv_transpose2d_output_size",
     "resolve_padding",
+    "pad",
+    "pad_adjoint",
 ]
 
 _LAYOUTS = ("NCHW", "NHWC")
@@ -168,6 +171,67 @@ def resolve_padding(padding, in_hw, k_hw, stride_hw, dilation_hw, transposed=Fal
     if min(pads[0] + pads[1]) < 0:
         raise ValueError(f"padding: expected non-negative values, got {padding!r}")
     return pads
+
+
+# --------------------------------------------------------------------------
+# Padding modes
+# --------------------------------------------------------------------------
+
+# PyTorch's padding_mode names and the np.pad mode of each.
+_NUMPY_PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def _check_padding_mode(padding_mode, pads, in_hw):
+    """PyTorch's rules: a known mode; reflect pads less than the input, circular at most the input,
+    replicate needs an input to repeat (per axis, where it pads at all)."""
+    if padding_mode not in _NUMPY_PAD_MODES:
+        raise ValueError(f"padding_mode: expected one of {tuple(_NUMPY_PAD_MODES)}, got {padding_mode!r}")
+    for (before, after), n in zip(pads, in_hw):
+        most = max(before, after)
+        if most == 0:
+            continue
+        if padding_mode == "reflect" and most >= n:
+            raise ValueError(f"padding: reflect padding {(before, after)} must be smaller than the input size {n}")
+        if padding_mode == "circular" and most > n:
+            raise ValueError(f"padding: circular padding {(before, after)} must be at most the input size {n}")
+        if padding_mode == "replicate" and n == 0:
+            raise ValueError(f"padding: replicate padding {(before, after)} of an empty input")
+
+
+def pad(x, pads, padding_mode="zeros"):
+    """NCHW ``x`` padded by ``pads = ((top, bottom), (left, right))`` as PyTorch's ``padding_mode``
+    fills it: zeros, reflect (numpy's "reflect": the edge is not repeated), replicate ("edge") or
+    circular ("wrap")."""
+    mode = _NUMPY_PAD_MODES[padding_mode]
+    return np.pad(x, ((0, 0), (0, 0)) + tuple(pads), mode=mode)
+
+
+def _source_indices(n, before, after, padding_mode):
+    """For each position of a padded axis, the input index ``pad`` copied there (-1: a zero).
+
+    Found by padding the indices themselves, so it is the same rule as ``pad``'s."""
+    indices = np.arange(n)
+    if padding_mode == "zeros":
+        return np.pad(indices, (before, after), constant_values=-1)
+    return np.pad(indices, (before, after), mode=_NUMPY_PAD_MODES[padding_mode])
+
+
+def pad_adjoint(dxpad, pads, in_hw, padding_mode="zeros"):
+    """The adjoint of :func:`pad`: every element of the padded gradient ``dxpad`` is added into
+    the input element it was copied from (dropped where the padding was zeros)."""
+    out = dxpad
+    for axis, (before, after), n in zip((2, 3), pads, in_hw):
+        source = _source_indices(n, before, after, padding_mode)
+        shape = list(out.shape)
+        shape[axis] = n
+        folded = np.zeros(shape)
+        keep = source >= 0
+        index = [slice(None)] * 4
+        index[axis] = source[keep]
+        taken = np.compress(keep, out, axis=axis)
+        np.add.at(folded, tuple(index), taken)
+        out = folded
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -356,12 +420,14 @@ def _float64_inputs(layout, bias, **arrays):
                      for name, value in given.items()))
 
 
-def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+           padding_mode="zeros"):
     """2-D cross-correlation (PyTorch ``conv2d`` semantics).
 
     ``y[n, f, oh, ow] = bias[f] + sum_{c, i, j} w[f, c, i, j] *
     xpad[n, g*Cg + c, oh*sh + i*dh, ow*sw + j*dw]`` where ``g = f // (F/groups)``
-    and ``xpad`` is ``x`` zero-padded by (top, bottom, left, right).
+    and ``xpad`` is ``x`` padded by (top, bottom, left, right) as ``padding_mode``
+    says (PyTorch's ``nn.Conv2d``): "zeros", "reflect", "replicate" or "circular".
 
     Returns ``y`` of shape (N, F, Ho, Wo) for NCHW or (N, Ho, Wo, F) for NHWC.
     """
@@ -372,7 +438,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
 
     b64 = _bias64(bias, F)
 
-    xpad = np.pad(x64, ((0, 0), (0, 0), (g["top"], g["bottom"]), (g["left"], g["right"])))
+    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
+    _check_padding_mode(padding_mode, pads, (g["H"], g["W"]))
+    xpad = pad(x64, pads, padding_mode)
     y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
     for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
         field = xpad[_ALL + win]
@@ -383,24 +451,28 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     return _act_from_nchw(y, layout, dtype)
 
 
-def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                    padding_mode="zeros"):
     """Gradients of ``sum(conv2d(x, w, b) * dy)`` with respect to x, w and b.
 
     Returns ``(dx, dw, db)`` with the shapes (and layout) of ``x``, ``w`` and (F,).
     For every output position: ``db += dy``, ``dw += dy^T . field`` and the
     field-shaped ``dy . w`` is scatter-added into a padded canvas, which is
-    finally cropped back to the input size.
+    finally folded back onto the input by the adjoint of the padding
+    (:func:`pad_adjoint`: cropped for zeros; for the other modes the border
+    is added into the input pixels it copied).
     """
     dtype, dy64, x64, w64 = _float64_inputs(layout, None, dy=dy, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
     Cg, Fg = C // G, F // G
+    pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
+    _check_padding_mode(padding_mode, pads, (H, W))
     if dy64.shape != (N, F, g["Ho"], g["Wo"]):
         raise ValueError(
             f"dy: expected NCHW-equivalent shape {(N, F, g['Ho'], g['Wo'])}, got {dy64.shape}")
 
-    top, left = g["top"], g["left"]
-    xpad = np.pad(x64, ((0, 0), (0, 0), (top, g["bottom"]), (left, g["right"])))
+    xpad = pad(x64, pads, padding_mode)
     dxpad = np.zeros_like(xpad)
     dw64 = np.zeros_like(w64)
     db64 = np.zeros(F)
@@ -413,7 +485,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
             dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
             # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
             dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
-    dx64 = dxpad[:, :, top:top + H, left:left + W]
+    dx64 = pad_adjoint(dxpad, pads, (H, W), padding_mode)
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
             db64.astype(dtype))

@@ -32,7 +32,8 @@ TEMPLATE_DIR = next((d for d in (_PACKAGE_DIR / "templates", _PACKAGE_DIR.parent
 MAX_UNROLLED_WINDOW = 64
 
 # Names of the window values in the templates, and the geometry field each reads when generic.
-_WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "PL": "pl", "DH": "dh", "DW": "dw"}
+_WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "PL": "pl", "DH": "dh", "DW": "dw",
+                  "PM": "pm"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "family": spec.family,
         "signatures": abi.signatures(spec),
         "op_ids": dict(abi.OP_IDS),
+        "padding_mode_ids": dict(abi.PADDING_MODE_IDS),
         "isa": schedule.isa,
         "ukernel": schedule.ukernel,
         "VECTOR_BYTES": int(schedule.vector_bytes),
@@ -101,12 +103,16 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
     if spec.specialized:
         w = spec.window
         values = {"KH": w.kernel[0], "KW": w.kernel[1], "SH": w.stride[0], "SW": w.stride[1],
-                  "PT": w.padding[0][0], "PL": w.padding[1][0], "DH": w.dilation[0], "DW": w.dilation[1]}
+                  "PT": w.padding[0][0], "PL": w.padding[1][0], "DH": w.dilation[0], "DW": w.dilation[1],
+                  "PM": abi.PADDING_MODE_IDS[w.padding_mode]}
         context.update({name: str(int(v)) for name, v in values.items()})
+        # The padding mode is a template constant: only its own border arithmetic is generated.
+        context.update(PADDING_MODE=w.padding_mode)
         context.update(KH_VALUE=w.kernel[0], KW_VALUE=w.kernel[1], TAPS=w.kernel[0] * w.kernel[1])
         context.update(zip(("TAP_BASES", "TAP_LIST"), _tap_layout(w)))
     else:
         context.update({name: f"g->{field}" for name, field in _WINDOW_FIELDS.items()})
+        context.update(PADDING_MODE=None)  # chosen at run time by g->pm
     if spec.family == "winograd":
         context.update(_winograd_context(spec))
     return context

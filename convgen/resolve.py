@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .problem import Problem
-from .spec import DTYPES, LAYOUTS, Window, as_int, as_pair, explicit_padding
+from .spec import DTYPES, LAYOUTS, PADDING_MODES, Window, as_int, as_pair, explicit_padding
 
 FLOAT_DTYPES = tuple(np.dtype(name) for name in DTYPES)  # float32, float64, native byte order
 OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
@@ -57,6 +57,34 @@ def as_layout(value) -> str:
     if isinstance(value, str) and value.upper() in LAYOUTS:
         return value.upper()
     raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {value!r}")
+
+
+def as_padding_mode(value) -> str:
+    """What the padding holds, as PyTorch names it: "zeros", "reflect", "replicate" or "circular" (any case)."""
+    if isinstance(value, str) and value.lower() in PADDING_MODES:
+        return value.lower()
+    raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, got {value!r}")
+
+
+def check_padding_fits(window: Window, input_hw, x_shape) -> None:
+    """PyTorch's size rules for the padding modes that copy the image: reflect pads less than the
+    input along each axis (the edge is not repeated), circular at most the input (it wraps once),
+    replicate needs an input row or column to repeat."""
+    mode = window.padding_mode
+    for axis, n, pads in zip(("height", "width"), input_hw, window.padding):
+        largest = max(pads)
+        if largest == 0:
+            continue
+        if mode == "reflect" and largest >= n:
+            raise ValueError(f"padding_mode='reflect' needs padding smaller than the input: padding {pads} along the "
+                             f"{axis} is not smaller than x's {axis} {n} (x has shape {tuple(x_shape)})")
+        if mode == "circular" and largest > n:
+            raise ValueError(f"padding_mode='circular' needs padding at most the input: padding {pads} along the "
+                             f"{axis} is more than x's {axis} {n} (x has shape {tuple(x_shape)}); it would wrap "
+                             f"around more than once")
+        if mode == "replicate" and n == 0:
+            raise ValueError(f"padding_mode='replicate' needs an input to repeat: padding {pads} along the {axis} "
+                             f"of an empty x (shape {tuple(x_shape)})")
 
 
 def as_float_dtype(value) -> np.dtype:
@@ -208,7 +236,8 @@ def _weight_dims(shape, layout):
     return outer, inner, kh, kw
 
 
-def conv_problem(x_shape, w_shape, dtype, stride, padding, dilation, groups, layout) -> Problem:
+def conv_problem(x_shape, w_shape, dtype, stride, padding, dilation, groups, layout,
+                 padding_mode="zeros") -> Problem:
     """The Problem of conv2d(x, w), every parameter checked."""
     n, c, h, width = _image_dims(x_shape, layout)
     f, cg, kh, kw = _weight_dims(w_shape, layout)
@@ -216,13 +245,19 @@ def conv_problem(x_shape, w_shape, dtype, stride, padding, dilation, groups, lay
     if cg * groups != c:
         raise ValueError(f"w expects {cg} input channels per group ({cg * groups} in all with groups={groups}), "
                          f"but x has {c}")
-    window = Window.resolve((kh, kw), stride, padding, dilation, (h, width))
+    padding_mode = as_padding_mode(padding_mode)
+    window = Window.resolve((kh, kw), stride, padding, dilation, (h, width), padding_mode=padding_mode)
+    check_padding_fits(window, (h, width), x_shape)
     ho, wo = window.output_size((h, width))
     return Problem(n, c, h, width, f, ho, wo, groups, window, dtype.name, layout)
 
 
-def transposed_problem(x_shape, w_shape, dtype, stride, padding, dilation, groups, layout, out_padding) -> Problem:
+def transposed_problem(x_shape, w_shape, dtype, stride, padding, dilation, groups, layout, out_padding,
+                       padding_mode="zeros") -> Problem:
     """The Problem of conv_transpose2d(x, w), every parameter checked."""
+    if as_padding_mode(padding_mode) != "zeros":
+        raise ValueError(f"padding_mode must be 'zeros' for a transposed convolution (as for torch's "
+                         f"ConvTranspose2d), got {padding_mode!r}")
     n, c_in, h, width = _image_dims(x_shape, layout)
     w_in, c_out_g, kh, kw = _weight_dims(w_shape, layout)
     if w_in != c_in:
@@ -259,7 +294,8 @@ def array_names(op: str) -> tuple[str, str, str]:
     return ("dy", "x", "w") if op.endswith("_backward") else ("x", "w", "bias")
 
 
-def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", out_padding=0):
+def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", out_padding=0,
+            padding_mode="zeros"):
     """Check one call of `op` (one of OPS) and return (its arrays, converted if needed; Resolved).
 
     `arrays` are the op's three array arguments in `array_names(op)` order (the bias may be None).
@@ -275,9 +311,10 @@ def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"
             raise TypeError(f"{name} must be an array of float32 or float64, got None")
     x, w = checked["x"], checked["w"]
     if op.startswith("conv_transpose2d"):
-        problem = transposed_problem(x.shape, w.shape, dtype, stride, padding, dilation, groups, layout, out_padding)
+        problem = transposed_problem(x.shape, w.shape, dtype, stride, padding, dilation, groups, layout, out_padding,
+                                     padding_mode)
     else:
-        problem = conv_problem(x.shape, w.shape, dtype, stride, padding, dilation, groups, layout)
+        problem = conv_problem(x.shape, w.shape, dtype, stride, padding, dilation, groups, layout, padding_mode)
     if op.endswith("_backward"):
         dy = checked["dy"]
         if dy.shape != problem.output_shape:
@@ -294,4 +331,5 @@ def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"
 
 __all__ = ["Limits", "LIMITS", "FLOAT_DTYPES", "OPS", "Resolved", "resolve", "array_names", "conv_problem",
            "transposed_problem", "as_flag", "as_layout", "as_float_dtype", "groups_dividing",
-           "as_output_padding", "common_dtype", "c_array", "check_new_array", "result_array", "split_out"]
+           "as_output_padding", "common_dtype", "c_array", "check_new_array", "result_array", "split_out",
+           "as_padding_mode", "check_padding_fits"]

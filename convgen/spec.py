@@ -22,6 +22,9 @@ import numpy as np
 DTYPES = {"float32": "float", "float64": "double"}
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
 LAYOUTS = ("NCHW", "NHWC")
+# What the padding holds (PyTorch's padding_mode): zeros; the image mirrored at its edge, the edge not
+# repeated (numpy's "reflect"); the edge repeated ("edge"); the image wrapped around ("wrap").
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 # Algorithm families: each has its templates in templates/<family>/ and an entry in the planner.
 FAMILIES = ("direct", "winograd")
 # Winograd output tiles m of F(m×m, r×r) that can be built, and the windows r × r they take.
@@ -43,11 +46,16 @@ def as_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
+# Arguments whose 1-sequence stands for both axes, as in torch (stride=(2,) is stride 2); a kernel_size is not.
+_ONE_FOR_BOTH = ("stride", "dilation", "output_padding")
 
 
 def as_pair(name: str, value, minimum: int = 1) -> tuple[int, int]:
-    """An int or an (h, w) pair, as a pair of ints >= minimum."""
+    """An int or an (h, w) pair (for a stride, dilation or output_padding also a 1-sequence, as torch
+    takes it), as a pair of ints >= minimum."""
     if isinstance(value, (tuple, list)):
+        if len(value) == 1 and name in _ONE_FOR_BOTH:
+            value = (value[0], value[0])
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
         return (as_int(f"{name}[0]", value[0], minimum), as_int(f"{name}[1]", value[1], minimum))
@@ -59,13 +67,16 @@ def explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]] | str:
     """Normalize the padding forms that do not depend on the input size.
 
     Returns ((top, bottom), (left, right)), or the string "same"/"valid" unchanged.
-    Accepted: an int, an (h, w) pair, a ((top, bottom), (left, right)) pair of pairs, "same", "valid".
+    Accepted: an int, an (h, w) pair, a ((top, bottom), (left, right)) pair of pairs, "same", "valid",
+    and (as torch) a 1-sequence (p,) for p on every side.
     """
     if isinstance(padding, str):
         if padding.lower() in ("same", "valid"):
             return padding.lower()
         raise ValueError(f"padding must be an int, a pair, a pair of pairs, 'same' or 'valid'; got {padding!r}")
     if isinstance(padding, (tuple, list)):
+        if len(padding) == 1 and not isinstance(padding[0], (tuple, list)):
+            padding = (padding[0], padding[0])
         if len(padding) != 2:
             raise ValueError(f"padding must be an int, (h, w) or ((top, bottom), (left, right)); got {padding!r}")
         sides = []
@@ -111,7 +122,8 @@ _WINDOW_TEXT = re.compile(
     r"k(?P<kh>\d+)(?:x(?P<kw>\d+))?"
     r"(?:s(?P<sh>\d+)(?:x(?P<sw>\d+))?)?"
     r"(?:p(?P<pt>\d+)(?:_(?P<pb>\d+))?(?:x(?P<pl>\d+)(?:_(?P<pr>\d+))?)?)?"
-    r"(?:d(?P<dh>\d+)(?:x(?P<dw>\d+))?)?")
+    r"(?:d(?P<dh>\d+)(?:x(?P<dw>\d+))?)?"
+    r"(?P<mode>zeros|reflect|replicate|circular)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +131,15 @@ class Window:
     """Geometry of the sliding window: all the values a specialized kernel fixes at compile time.
 
     kernel, stride and dilation are (h, w) pairs of positive ints; padding is
-    ((top, bottom), (left, right)) of non-negative ints.
+    ((top, bottom), (left, right)) of non-negative ints; padding_mode is what the padding holds, one
+    of PADDING_MODES. Without padding every mode is "zeros" (the same kernel).
     """
 
     kernel: tuple[int, int]
     stride: tuple[int, int] = (1, 1)
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
+    padding_mode: str = "zeros"
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -138,9 +152,15 @@ class Window:
         if isinstance(padding, str):
             raise ValueError("a Window needs explicit padding; resolve 'same'/'valid' with Window.resolve")
         object.__setattr__(self, "padding", padding)
+        if not isinstance(self.padding_mode, str) or self.padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, "
+                             f"got {self.padding_mode!r}")
+        if padding == ((0, 0), (0, 0)):
+            object.__setattr__(self, "padding_mode", "zeros")
 
     @classmethod
-    def resolve(cls, kernel, stride, padding, dilation, input_hw, transposed=False) -> "Window":
+    def resolve(cls, kernel, stride, padding, dilation, input_hw, transposed=False,
+                padding_mode="zeros") -> "Window":
         """Build a window, turning "same"/"valid" into explicit pads for an input of size input_hw.
 
         For a transposed convolution, "same" means an output of exactly input·stride (TensorFlow's
@@ -156,7 +176,7 @@ class Window:
         elif pads == "same":
             sizes = [n * s for n, s in zip(input_hw, stride)] if transposed else input_hw
             pads = tuple(_same_pads(n, k, s, d) for n, k, s, d in zip(sizes, kernel, stride, dilation))
-        return cls(kernel, stride, pads, dilation)
+        return cls(kernel, stride, pads, dilation, padding_mode)
 
     @property
     def effective_kernel(self) -> tuple[int, int]:
@@ -195,23 +215,28 @@ class Window:
         return tuple(n * s - size for n, s, size in zip(input_hw, self.stride, sizes))
 
     def short(self) -> str:
-        """The compact text form that `Window.parse` reads back, e.g. k3s2p1, k3x5s1p1x2, k3s1p0_1x0_1d2."""
+        """The compact text form that `Window.parse` reads back, e.g. k3s2p1, k3x5s1p1x2, k3s1p0_1x0_1d2,
+        and with a padding mode other than zeros its name at the end: k3s1p1reflect, k5s2p2d2circular."""
         def pair(values):
             return str(values[0]) if values[0] == values[1] else f"{values[0]}x{values[1]}"
         (pt, pb), (pl, pr) = self.padding
         pad = pair((pt, pl)) if (pt, pl) == (pb, pr) else f"{pt}_{pb}x{pl}_{pr}"
         text = f"k{pair(self.kernel)}s{pair(self.stride)}p{pad}"
-        return text if self.dilation == (1, 1) else f"{text}d{pair(self.dilation)}"
+        text = text if self.dilation == (1, 1) else f"{text}d{pair(self.dilation)}"
+        return text if self.padding_mode == "zeros" else f"{text}{self.padding_mode}"
 
     @classmethod
     def parse(cls, text: str) -> "Window":
-        """Read the compact form: k<KH>[x<KW>] [s<SH>[x<SW>]] [p<PH>[x<PW>] | p<T>_<B>x<L>_<R>] [d<DH>[x<DW>]].
+        """Read the compact form: k<KH>[x<KW>] [s<SH>[x<SW>]] [p<PH>[x<PW>] | p<T>_<B>x<L>_<R>] [d<DH>[x<DW>]]
+        [reflect | replicate | circular | zeros].
 
-        Omitted parts default to stride 1, padding 0, dilation 1: "k3" is a 3×3 valid convolution.
+        Omitted parts default to stride 1, padding 0, dilation 1, zero padding: "k3" is a 3×3 valid
+        convolution, "k3s1p1reflect" pads by one row and column mirrored from the image.
         """
         match = _WINDOW_TEXT.fullmatch(text.strip().lower()) if isinstance(text, str) else None
         if match is None:
-            raise ValueError(f"cannot read {text!r} as a window: expected e.g. k3s2p1, k7s2p3d1, k3x5s1p1x2")
+            raise ValueError(f"cannot read {text!r} as a window: expected e.g. k3s2p1, k7s2p3d1, k3x5s1p1x2, "
+                             f"k3s1p1reflect")
         g = match.groupdict()
 
         def pair(first, second, default):
@@ -223,7 +248,7 @@ class Window:
         pl = int(g["pl"] if g["pl"] is not None else pt)
         pr = int(g["pr"] if g["pr"] is not None else (g["pl"] if g["pl"] is not None else pb))
         return cls(pair(g["kh"], g["kw"], 1), pair(g["sh"], g["sw"], 1), ((pt, pb), (pl, pr)),
-                   pair(g["dh"], g["dw"], 1))
+                   pair(g["dh"], g["dw"], 1), g["mode"] or "zeros")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,17 +345,19 @@ class ConvSpec:
         return self.name
 
 
-_SYMBOL = re.compile(r"cg_conv2d_[a-z]+(?:_[a-z]+)*?_(?P<window>generic|k[0-9x_spd]+?)"
+_SYMBOL = re.compile(r"cg_conv2d_[a-z]+(?:_[a-z]+)*?_(?P<window>generic|k[0-9x_spd]+?(?:reflect|replicate|circular)?)"
                      r"(?:_(?P<family>[a-z]+)(?P<tile>[0-9]*))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
 
 
-WINOGRAD_WINDOW_TEXT = f"{' or '.join(f'{r}x{r}' for r in WINOGRAD_WINDOWS)} windows at stride 1 without dilation"
+WINOGRAD_WINDOW_TEXT = (f"{' or '.join(f'{r}x{r}' for r in WINOGRAD_WINDOWS)} windows at stride 1 without dilation, "
+                        f"zero-padded")
 
 
 def winograd_computes(window: Window) -> bool:
-    """Whether Winograd F(m×m, r×r) computes convolutions with this window."""
+    """Whether Winograd F(m×m, r×r) computes convolutions with this window (its input transform
+    pads with zeros, so only padding_mode "zeros")."""
     return (window.kernel[0] == window.kernel[1] and window.kernel[0] in WINOGRAD_WINDOWS
-            and window.stride == (1, 1) and window.dilation == (1, 1))
+            and window.stride == (1, 1) and window.dilation == (1, 1) and window.padding_mode == "zeros")
 
 
 def conv_flops(n: int, f: int, c_per_group: int, kernel: tuple[int, int], out_hw: tuple[int, int]) -> int:
@@ -342,6 +369,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "FAMILIES", "WINOGRAD_TILES", "WINOGRAD_WINDOWS",
+__all__ = ["Window", "ConvSpec", "DTYPES", "LAYOUTS", "PADDING_MODES", "FAMILIES", "WINOGRAD_TILES", "WINOGRAD_WINDOWS",
            "winograd_computes", "as_int", "as_pair", "explicit_padding",
            "conv_flops", "ceil_div"]

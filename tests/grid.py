@@ -51,16 +51,20 @@ class Case:
     dilation: object = 1
     groups: int = 1
     output_padding: object = 0  # conv_transpose2d only
+    padding_mode: str = "zeros"  # conv2d only
 
     def kwargs(self, transposed=False):
         kw = dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
         if transposed:
             kw["output_padding"] = self.output_padding
+        if self.padding_mode != "zeros":
+            kw["padding_mode"] = self.padding_mode
         return kw
 
     def window(self, transposed=False) -> Window:
         """The explicit window "same"/"valid" resolve to for this input size (what gets compiled)."""
-        return Window.resolve(self.kernel, self.stride, self.padding, self.dilation, (self.h, self.w), transposed)
+        return Window.resolve(self.kernel, self.stride, self.padding, self.dilation, (self.h, self.w), transposed,
+                              self.padding_mode)
 
     def arrays(self, rng, layout, dtype, transposed=False):
         weight_shape = ((self.c, self.f // self.groups) if transposed else (self.f, self.c // self.groups))
@@ -116,6 +120,24 @@ TRANSPOSE_CASES = [
 ]
 
 
+# The padding modes (test_padding_modes.py): every mode with strides 1-3, dilation, groups 1/2/depthwise,
+# every padding form, each run in both layouts, dtypes and builds. Their windows are prebuilt.
+PADDING_MODE_CASES = [
+    Case("reflect-k3-pad1", 2, 3, 6, 7, 4, (3, 3), 1, 1, padding_mode="reflect"),
+    # top padding 2 of a 3-row image: the most reflect allows
+    Case("reflect-sides-s2x1-d1x2-g2", 2, 4, 3, 7, 6, (3, 2), (2, 1), ((2, 1), (0, 1)), (1, 2), 2,
+         padding_mode="reflect"),
+    Case("replicate-same-k4x3-s1x2", 1, 3, 7, 6, 4, (4, 3), (1, 2), "same", padding_mode="replicate"),
+    # padding wider than the image and than the dilated kernel reaches: rows read only the edge
+    Case("replicate-s3-d2-pad6x4-depthwise", 2, 3, 5, 6, 3, (3, 3), 3, (6, 4), 2, 3, padding_mode="replicate"),
+    Case("circular-pair-k5x3-s2-g2", 2, 4, 8, 5, 2, (5, 3), 2, (2, 1), 1, 2, padding_mode="circular"),
+    # left and right padding 2 of a 2-column image: circular wraps the whole width once
+    Case("circular-whole-width-d2x1", 1, 2, 4, 2, 3, (2, 3), 1, ((0, 1), (2, 2)), (2, 1), padding_mode="circular"),
+    # no padding: every mode is the zeros kernel
+    Case("reflect-valid", 2, 2, 5, 5, 3, (2, 2), 1, "valid", padding_mode="reflect"),
+]
+PADDING_MODE_WINDOWS = list(dict.fromkeys(case.window() for case in PADDING_MODE_CASES))
+
 # The windows the gradient grid compiles, in order of first use.
 GRID_WINDOWS = list(dict.fromkeys([case.window() for case in CONV_CASES]
                                   + [case.window(True) for case in TRANSPOSE_CASES]))
@@ -166,7 +188,7 @@ PRODUCTION_CASES = [
 
 def all_specs():
     specs = []
-    for window in FORWARD_WINDOWS + GRADIENT_WINDOWS:
+    for window in FORWARD_WINDOWS + GRADIENT_WINDOWS + PADDING_MODE_WINDOWS:
         for layout in LAYOUTS:
             for dtype in DTYPES:
                 specs.append(ConvSpec(window, dtype, layout))

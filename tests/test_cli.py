@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from convgen import reference
-from convgen.abi import ENTRY_POINTS
+from convgen.abi import ENTRY_POINTS, PADDING_MODE_IDS
 from convgen.cli import make_parser
 from convgen.csource import extract
 from convgen.spec import ConvSpec, Window
@@ -25,7 +25,7 @@ from helpers import TOLERANCE, to_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ("build", "generate", "show", "export", "compare", "cache")
-WINDOW_FIELDS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw")  # what a generic kernel reads at run time
+WINDOW_FIELDS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw", "pm")  # what a generic kernel reads at run time
 GCC = shutil.which("gcc") or shutil.which("cc") or "gcc"  # convgen itself needs a C compiler
 
 
@@ -372,8 +372,8 @@ int main(int argc, char **argv)
 N, C, H, W, F = 4, 16, 32, 32, 16
 EXPORTS = {  # name: (window, dtype, layout, generic build, -fopenmp)
     "k3s2p1-f32-nchw-openmp": ("k3s2p1", "float32", "NCHW", False, True),
-    "k3s2p1-f32-nchw-serial": ("k3s2p1", "float32", "NCHW", False, False),
-    "generic-f64-nhwc-openmp": ("k3x5s1p1x2d2", "float64", "NHWC", True, True),
+    "k3s2p1circular-f32-nchw-serial": ("k3s2p1circular", "float32", "NCHW", False, False),
+    "generic-f64-nhwc-openmp": ("k3x5s1p1x2d2reflect", "float64", "NHWC", True, True),
 }
 
 
@@ -395,7 +395,8 @@ def exported(tmp_path_factory):
         args = ""
         if generic:
             args = ", " + ", ".join(str(v) for v in (*window.kernel, *window.stride, window.padding[0][0],
-                                                     window.padding[1][0], *window.dilation))
+                                                     window.padding[1][0], *window.dilation,
+                                                     PADDING_MODE_IDS[window.padding_mode]))
         main = _MAIN_C.format(name=name, real=spec.c_type, n=N, c=C, h=H, w=W, f=F, ho=ho, wo=wo,
                               nw=F * C * window.kernel[0] * window.kernel[1], window=args,
                               fwd=spec.symbol("fwd"), bwd_weight=spec.symbol("bwd_weight"))
@@ -426,7 +427,8 @@ def _case(window, dtype, layout):
     rng = np.random.default_rng(7)
     x, weight = to_layout(rng.standard_normal((N, C, H, W)), rng.standard_normal((F, C, *window.kernel)), layout)
     (pt, pb), (pl, pr) = window.padding
-    kw = dict(stride=window.stride, padding=((pt, pb), (pl, pr)), dilation=window.dilation, layout=layout)
+    kw = dict(stride=window.stride, padding=((pt, pb), (pl, pr)), dilation=window.dilation, layout=layout,
+              padding_mode=window.padding_mode)
     return x.astype(dtype), weight.astype(dtype), rng.standard_normal(F).astype(dtype), kw
 
 

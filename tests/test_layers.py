@@ -34,6 +34,8 @@ def _kwargs(layer):
               layout=layer.layout)
     if isinstance(layer, convgen.ConvTranspose2d):
         kw["output_padding"] = layer.output_padding
+    else:
+        kw["padding_mode"] = layer.padding_mode
     return kw
 
 
@@ -118,6 +120,61 @@ def test_conv2d_layer_passes(settings, hw, layout, dtype, specialize):
 def test_conv_transpose2d_layer_passes(settings, hw, layout, dtype, specialize):
     layer = convgen.ConvTranspose2d(**settings, dtype=dtype, layout=layout, specialize=specialize, rng=5)
     _check_passes(layer, hw, specialize, dtype, transposed=True)
+
+
+# One layer per padding mode, with windows of tests/grid.py's PADDING_MODE_CASES.
+MODE_LAYERS = [
+    (dict(in_channels=3, out_channels=4, kernel_size=3, padding=1, padding_mode="reflect"), (6, 7)),
+    (dict(in_channels=3, out_channels=4, kernel_size=(4, 3), stride=(1, 2), padding="same",
+          padding_mode="replicate"), (7, 6)),
+    (dict(in_channels=4, out_channels=2, kernel_size=(5, 3), stride=2, padding=(2, 1), groups=2,
+          padding_mode="circular"), (8, 5)),
+]
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("settings, hw", MODE_LAYERS, ids=["reflect", "replicate", "circular"])
+def test_conv2d_layer_padding_modes(settings, hw, layout, specialize):
+    layer = convgen.Conv2d(**settings, dtype=np.float64, layout=layout, specialize=specialize, rng=5)
+    assert layer.padding_mode == settings["padding_mode"]
+    _check_passes(layer, hw, specialize, np.float64, transposed=False)
+
+
+# torch refuses padding="same" with a stride: its replicate layer is another of the grid's windows.
+TORCH_MODE_LAYERS = [MODE_LAYERS[0], MODE_LAYERS[2], (dict(
+    in_channels=3, out_channels=3, kernel_size=3, stride=3, padding=(6, 4), dilation=2, groups=3,
+    padding_mode="replicate"), (5, 6))]
+
+
+@pytest.mark.parametrize("settings, hw", TORCH_MODE_LAYERS, ids=["reflect", "circular", "replicate"])
+def test_conv2d_layer_padding_modes_match_torch(settings, hw):
+    """The same positional call as torch.nn.Conv2d, padding_mode last: the same outputs and gradients."""
+    torch = pytest.importorskip("torch")
+    args = [settings.get(name, default) for name, default in (
+        ("in_channels", None), ("out_channels", None), ("kernel_size", None), ("stride", 1), ("padding", 0),
+        ("dilation", 1), ("groups", 1), ("bias", True), ("padding_mode", "zeros"))]
+    theirs = torch.nn.Conv2d(*args).double()
+    ours = convgen.Conv2d(*args, dtype=np.float64)
+    ours.weight[...] = theirs.weight.detach().numpy()
+    ours.bias[...] = theirs.bias.detach().numpy()
+    rng = np.random.default_rng(3)
+    x = _input(rng, 2, ours.in_channels, hw, "NCHW", np.float64)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = theirs(tx)
+    dy = rng.standard_normal(tuple(ty.shape))
+    ty.backward(torch.from_numpy(dy))
+    np.testing.assert_allclose(ours(x), ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours.backward(dy), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours.dw, theirs.weight.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours.db, theirs.bias.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_padding_mode_sizes_are_checked_on_each_input():
+    layer = convgen.Conv2d(2, 2, 3, padding=2, padding_mode="reflect")
+    assert layer(np.zeros((1, 2, 3, 3), np.float32)).shape == (1, 2, 5, 5)
+    with pytest.raises(ValueError, match="padding_mode='reflect' needs padding smaller than the input"):
+        layer(np.zeros((1, 2, 2, 3), np.float32))
 
 
 def test_output_sizes():
@@ -285,3 +342,6 @@ def test_repr():
         "groups=2, dtype=float64, layout='NHWC', specialize=False)")
     assert repr(convgen.Conv2d(2, 2, 3, padding=(1, 2), dilation=(1, 2))) == (
         "Conv2d(2, 2, kernel_size=3, padding=(1, 2), dilation=(1, 2), dtype=float32, layout='NCHW', specialize=True)")
+    assert repr(convgen.Conv2d(2, 2, 3, 1, 1, padding_mode="circular")) == (
+        "Conv2d(2, 2, kernel_size=3, padding=1, padding_mode='circular', dtype=float32, layout='NCHW', "
+        "specialize=True)")

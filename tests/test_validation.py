@@ -456,11 +456,11 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
 
     from convgen import abi, render, winograd
     from convgen.kernels import settings
-    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, ConvSpec, Window
+    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, PADDING_MODES, ConvSpec, Window
 
     schedule = settings().schedule()
-    window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)))
-    fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES)
+    window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)), "reflect")
+    fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES) | set(PADDING_MODES)
              | {schedule.isa, schedule.ukernel, convgen.__version__})
     winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4)
     for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW"), winograd_spec):
@@ -474,13 +474,14 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
                 return (value.isdigit() or value in fixed or value == str(spec) or value in symbols
                         or (value.startswith("g->") and value[3:].isidentifier()))
             # Winograd's coefficients are exact rationals it computes itself; `combine` writes them as C.
-            return type(value) in (int, bool, Fraction) or value is winograd.linear_combination
+            # (None: the generic build's padding mode, chosen at run time.)
+            return type(value) in (int, bool, Fraction) or value is winograd.linear_combination or value is None
 
         symbols = {spec.symbol(op) for op in abi.ENTRY_POINTS} | set(abi.signatures(spec).values())
         for key, value in context.items():
             assert allowed(value), f"template value {key}={value!r} ({type(value).__name__})"
     for bad in (dict(kernel=(3.0, 3)), dict(kernel=(3, 3), stride=True), dict(kernel="3"),
-                dict(kernel=(3, 3), padding="1; system(1)")):
+                dict(kernel=(3, 3), padding="1; system(1)"), dict(kernel=(3, 3), padding=1, padding_mode="zeros; f()")):
         with pytest.raises((TypeError, ValueError)):
             Window(**bad)
     for dtype, layout in (("float16", "NCHW"), ("float32); abort(", "NCHW"), ("float32", "NCHW */")):

@@ -37,17 +37,26 @@ def op_tests() -> list[str]:
 
 
 # The CI subset: every bad-input and unusual-array case, the property tests with specialized windows
-# narrowed to k3s2p1 and k3s1p1 (which Winograd computes), and 8 threads calling kernels at once;
-# eighteen kernels, built in parallel first (those of the thread test are listed by hand: a missing
-# one is only built later, one at a time).
+# narrowed to k3s2p1 and k3s1p1 (which Winograd computes), 8 threads calling kernels at once, and the
+# padding modes' adjoint identities (the generic build in every mode and layout; reflect, replicate
+# and circular windows specialized); eighteen kernels and six of the padding modes, built in parallel
+# first (those of the thread and padding-mode tests are listed by hand: a missing one is only built
+# later, one at a time).
+_PADDING_MODE_ADJOINTS = "tests/test_padding_modes.py::test_adjoint_identities_hold_in_every_mode"
 QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
-         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial"]
+         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial"] + \
+    [f"{_PADDING_MODE_ADJOINTS}[{layout}-{mode}-generic]" for layout in ("NCHW", "NHWC")
+     for mode in ("zeros", "reflect", "replicate", "circular")] + \
+    [f"{_PADDING_MODE_ADJOINTS}[{case}-specialized]" for case in ("NCHW-reflect", "NCHW-replicate", "NHWC-circular")]
 QUICK_WINDOWS = "k3s2p1 k3s1p1"
 _BOTH = [(dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")]
 QUICK_SPECS = [("k3s2p1", *both) for both in _BOTH] + [("generic", *both) for both in _BOTH] + \
     [("k3s1p1", *both) for both in _BOTH] + [("k3s1p1", *both, "winograd") for both in _BOTH] + \
     [("k1", "float64", "NCHW"), ("k3s1p1d2", "float32", "NCHW"), ("k3s1p1d2", "float32", "NHWC"),
-     ("k4s2p1", "float64", "NCHW")]
+     ("k4s2p1", "float64", "NCHW")] + \
+    [(window, "float64", "NCHW") for window in ("k3s1p1reflect", "k3x2s2x1p2_1x0_1d1x2reflect",
+                                                "k4x3s1x2p1_2x0_1replicate", "k3s3p6x4d2replicate")] + \
+    [(window, "float64", "NHWC") for window in ("k5x3s2p2x1circular", "k2x3s1p0_1x2_2d2x1circular")]
 
 REPORT = re.compile(r"ERROR: AddressSanitizer|SUMMARY: (?:Address|UndefinedBehavior)Sanitizer|"
                     r"^.*: runtime error: ", re.MULTILINE)
