@@ -42,6 +42,13 @@ class Schedule:
     winograd_tile: int = 4
     winograd_max_filter_bytes: int = 16 << 20
     winograd_min_channels: int = 8
+    # Depthwise (groups == input channels): output pixels per register block of the NHWC kernels
+    # (channels in the vector lanes, one accumulator per pixel, the window's weights held across the
+    # block), output vectors per step of the NCHW row loop (independent accumulator chains), and the
+    # smallest channel count at which `algorithm="auto"` takes the family (see prefers_depthwise).
+    depthwise_pixels: int = 4
+    depthwise_vectors: int = 2
+    depthwise_min_channels: int = 1
 
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
@@ -53,13 +60,19 @@ class Schedule:
         """The cost model of `algorithm="auto"` for a convolution Winograd can compute (a Problem)."""
         return min(conv.c // conv.groups, conv.f // conv.groups) >= self.winograd_min_channels
 
+    def prefers_depthwise(self, conv) -> bool:
+        """The cost model of `algorithm="auto"` for a depthwise convolution (a Problem's conv())."""
+        return conv.groups >= self.depthwise_min_channels
+
 
 # Register budget: MR × nr_vectors accumulators + nr_vectors loaded B vectors + 1 broadcast must fit
 # (AVX-512: 32 zmm; AVX2: 16 ymm; SSE-class: 16 xmm).
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
-    "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, arch_flags=("-march=native",)),
-    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, arch_flags=("-mavx2", "-mfma")),
+    "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
+                   arch_flags=("-march=native",)),
+    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4,
+                 arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, arch_flags=()),
 }
 
@@ -93,7 +106,8 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     fields.update(overrides)
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
-                 "winograd_max_filter_bytes", "winograd_min_channels"):
+                 "winograd_max_filter_bytes", "winograd_min_channels", "depthwise_pixels", "depthwise_vectors",
+                 "depthwise_min_channels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
