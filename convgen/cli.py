@@ -87,13 +87,19 @@ def _label(spec: ConvSpec) -> str:
 
 def _spec_from_args(args) -> ConvSpec:
     """The spec the arguments name. --algorithm auto (the default) takes Winograd for the windows it
-    computes, as the ops do for layers with enough channels; the generic build is always direct."""
+    computes, as the ops do for layers with enough channels; the generic build is direct.
+    --algorithm depthwise names the depthwise family (which the ops pick by the channels, not the
+    window), specialized or generic."""
     generic = args.generic or args.spec.strip().lower() == "generic"
     if args.algorithm == "winograd" and generic:
         raise UsageError("--algorithm winograd needs a window: the generic build is always direct")
     if args.tile is not None and (args.algorithm == "direct" or generic):
         raise UsageError("--tile is the output tile of Winograd F(m x m, 3 x 3): it goes with --algorithm winograd "
                          "or auto and a window")
+    if args.algorithm == "depthwise":  # the family of groups == input channels, any window, generic too
+        if args.tile is not None:
+            raise UsageError("--tile is the output tile of Winograd F(m x m, 3 x 3): not for --algorithm depthwise")
+        return ConvSpec.parse("generic" if generic else args.spec, args.dtype, args.layout, "depthwise")
     spec = ConvSpec.parse(args.spec, args.dtype, args.layout)
     if generic:
         return spec.generic()
@@ -286,9 +292,10 @@ def _add_spec_options(p, generic_help: str) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
     p.add_argument("--layout", default="NCHW", type=str.upper, choices=LAYOUTS, help="data layout (default NCHW)")
     p.add_argument("--generic", action="store_true", help=generic_help)
-    p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd"),
+    p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd", "depthwise"),
                    help="the algorithm family: auto (default) takes winograd for 3x3 windows at stride 1 without "
-                        "dilation and direct for the rest; the generic build is always direct")
+                        "dilation and direct for the rest; the generic build is direct; depthwise: the kernels "
+                        "for groups == input channels (specialized or generic)")
     p.add_argument("--tile", type=int, choices=WINOGRAD_TILES,
                    help="winograd: the output tile m of F(m x m, 3 x 3) (default: the schedule's)")
     p.add_argument("--isa", choices=ISAS,

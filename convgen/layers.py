@@ -182,7 +182,7 @@ class Conv2d(_ConvLayer):
     `convgen.conv2d` does (int, pair, ((top, bottom), (left, right)), "valid", "same").
     The positional arguments are torch's, in torch's order; the rest are keyword-only: `dtype`
     (float32 or float64), `layout` ("NCHW" or "NHWC"), `specialize` and `algorithm` ("auto",
-    "direct" or "winograd") as for `convgen.conv2d`, and `rng` (None, an int seed or a numpy
+    "direct", "winograd" or "depthwise") as for `convgen.conv2d`, and `rng` (None, an int seed or a numpy
     Generator) for the initial weights. `padding_mode` is torch's; convgen pads with zeros only.
 
     `forward(x)` (also `layer(x)`) returns y and keeps x; `backward(dy)` returns dx and stores

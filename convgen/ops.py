@@ -163,10 +163,11 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     layout : "NCHW" or "NHWC".
     specialize : True calls the kernel compiled for exactly this window (kernel size, stride,
         padding, dilation as constants); False the generic kernel that takes them at run time.
-    algorithm : "auto" (default), "direct" or "winograd". Winograd F(m×m, 3×3) computes 3×3
-        windows at stride 1 without dilation with fewer multiplies, rounding differently (its error
-        bound is in convgen.winograd); "auto" takes it where the schedule's cost model says it is
-        faster. The generic build is always direct.
+    algorithm : "auto" (default), "direct", "winograd" or "depthwise". Winograd F(m×m, 3×3) computes
+        3×3 windows at stride 1 without dilation with fewer multiplies, rounding differently (its
+        error bound is in convgen.winograd); "auto" takes it where the schedule's cost model says it
+        is faster; its generic build is direct. "depthwise" computes groups == input channels (any
+        number of filters per group), specialized or generic; "auto" takes it for every such call.
     out : optional preallocated C-contiguous output array of the right shape and dtype.
 
     Returns y: (N, F, Ho, Wo) or (N, Ho, Wo, F), with Ho = (H + top + bottom − dh·(KH − 1) − 1)//sh + 1.

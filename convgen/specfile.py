@@ -10,6 +10,8 @@
 
 Each [[set]] stands for every window × dtype × layout × algorithm combination. A Winograd module
 gets the tile the active schedule uses (`planner.winograd_tile`), the one `algorithm="auto"` calls.
+"depthwise" (not among the defaults) adds the depthwise family's module of every window, and with
+`generic = true` its generic build beside the direct one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from .spec import ConvSpec, winograd_computes
 
 _KEYS = {"windows", "dtypes", "layouts", "generic", "algorithms"}
-_ALGORITHMS = ("direct", "winograd")
+_ALGORITHMS = ("direct", "winograd", "depthwise")
+_DEFAULT_ALGORITHMS = ["direct", "winograd"]
 
 
 def load_spec_file(path) -> list[ConvSpec]:
@@ -44,7 +47,7 @@ def load_spec_file(path) -> list[ConvSpec]:
         windows = entry.get("windows", [])
         dtypes = entry.get("dtypes", ["float32"])
         layouts = entry.get("layouts", ["NCHW"])
-        algorithms = entry.get("algorithms", list(_ALGORITHMS))
+        algorithms = entry.get("algorithms", list(_DEFAULT_ALGORITHMS))
         for name, value in (("windows", windows), ("dtypes", dtypes), ("layouts", layouts), ("algorithms", algorithms)):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"spec file {path}, set {number}: {name} must be a list of strings")
@@ -59,8 +62,12 @@ def load_spec_file(path) -> list[ConvSpec]:
                     specs += direct
                 if "winograd" in algorithms:
                     specs += _winograd_specs(direct)
+                if "depthwise" in algorithms:
+                    specs += [dataclasses.replace(spec, family="depthwise") for spec in direct]
                 if entry.get("generic", True):
                     specs.append(ConvSpec(None, dtype, layout))
+                    if "depthwise" in algorithms:
+                        specs.append(ConvSpec(None, dtype, layout, "depthwise"))
     return list(dict.fromkeys(specs))
 
 

@@ -37,15 +37,18 @@ def op_tests() -> list[str]:
 
 
 # The CI subset: every bad-input and unusual-array case, the property tests with specialized windows
-# narrowed to k3s2p1 and k3s1p1 (which Winograd computes), and 8 threads calling kernels at once;
-# eighteen kernels, built in parallel first (those of the thread test are listed by hand: a missing
-# one is only built later, one at a time).
+# narrowed to k3s2p1 and k3s1p1 (which Winograd computes, and the depthwise family's kernels too),
+# the depthwise tests' odd sizes, and 8 threads calling kernels at once; thirty-two kernels, built
+# in parallel first (those of the thread test are listed by hand: a missing one is only built
+# later, one at a time).
 QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
-         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial"]
+         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial",
+         "tests/test_depthwise.py::test_odd_sizes"]
 QUICK_WINDOWS = "k3s2p1 k3s1p1"
 _BOTH = [(dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")]
 QUICK_SPECS = [("k3s2p1", *both) for both in _BOTH] + [("generic", *both) for both in _BOTH] + \
     [("k3s1p1", *both) for both in _BOTH] + [("k3s1p1", *both, "winograd") for both in _BOTH] + \
+    [(window, *both, "depthwise") for window in ("k3s2p1", "k3s1p1", "generic") for both in _BOTH] + \
     [("k1", "float64", "NCHW"), ("k3s1p1d2", "float32", "NCHW"), ("k3s1p1d2", "float32", "NHWC"),
      ("k4s2p1", "float64", "NCHW")]
 
@@ -91,7 +94,8 @@ from convgen import planner
 from convgen.spec import ConvSpec
 specs = [ConvSpec.parse(*spec[:3]) for spec in {specs!r}]
 schedule = convgen.kernels.settings().schedule()  # Winograd modules get the tile the planner uses
-specs = [dataclasses.replace(s, family="winograd", tile=planner.winograd_tile(s.dtype, schedule))
+specs = [dataclasses.replace(s, family=given[3], tile=planner.winograd_tile(s.dtype, schedule)
+                             if given[3] == "winograd" else 0)
          if len(given) > 3 else s for s, given in zip(specs, {specs!r})]
 failed = {{s: o for s, o in convgen.build_all(specs).items() if isinstance(o, Exception)}}
 sys.exit(f"sanitize: kernel builds failed: {{failed}}" if failed else 0)
