@@ -143,8 +143,23 @@ def _backward(call: _Call, dy, x, w, out):
         kernels = call.kernels()
         kernels.call("fwd", problem, (dy, w, None, dx))
         kernels.call("bwd_weight", problem, (x, dy, dw))
-    np.add.reduce(dy, axis=_SPATIAL_AXES[problem.layout], out=db)
+    _bias_gradient(dy, problem.layout, db)
     return dx, dw, db
+
+
+def _bias_gradient(dy, layout, out):
+    """db: dy summed over batch and space, into `out`. In NHWC the rows of F channels are first
+    taken k at a time (rows of up to 1024 values) and the k partial sums folded after: NumPy's
+    reduction over axes (0, 1, 2) walks the short channel axis and ran 2.5-19× slower (32-144
+    channels)."""
+    f = dy.shape[-1]
+    if layout == "NHWC" and f:
+        rows, k = dy.size // f, 1
+        while f * k < 1024 and rows % (2 * k) == 0:
+            k *= 2
+        np.add.reduce(np.add.reduce(dy.reshape(rows // k, k * f), axis=0).reshape(k, f), axis=0, out=out)
+    else:
+        np.add.reduce(dy, axis=_SPATIAL_AXES[layout], out=out)
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
