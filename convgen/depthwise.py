@@ -48,11 +48,13 @@ def adjoint_taps(window: Window) -> AdjointTaps:
 
 
 def template_context(window: Window | None) -> dict:
-    """What templates/depthwise/ reads besides the common context: the adjoint's taps (specialized)."""
+    """What templates/depthwise/ reads besides the common context (specialized): the adjoint's taps,
+    and the right padding, by which the forward pass's right border columns take their taps."""
     if window is None:
         return {"DX_ROWS": None, "DX_COLS": None}
     taps = adjoint_taps(window)
-    return {"DX_ROWS": taps.rows, "DX_COLS": taps.cols, "ROW_REACH": taps.row_reach, "COL_REACH": taps.col_reach}
+    return {"DX_ROWS": taps.rows, "DX_COLS": taps.cols, "ROW_REACH": taps.row_reach, "COL_REACH": taps.col_reach,
+            "PR": str(window.padding[1][1])}
 
 
 __all__ = ["AdjointTaps", "adjoint_taps", "template_context"]

@@ -89,6 +89,9 @@ ODD_SIZES = [
     (1, 33, 7, 9, 1, Window(3, 2, 1)),     # 33 channels: 2 full AVX-512 vectors and 1 channel
     (2, 4, 1, 17, 3, Window(3, 2, 1)),     # one row, an odd width, three filters per channel
     (1, 2, 18, 1, 1, Window(3, 1, 1)),     # one column
+    (1, 20, 4, 25, 1, Window(3, 1, 1)),    # NHWC forward straight from x: 20 channels, one vector and a part
+    (2, 17, 5, 39, 1, Window(3, 2, 1)),    # the same at stride 2, both right-border residues (w 39, 38 below)
+    (1, 18, 3, 38, 1, Window(3, 2, 1)),
 ]
 
 
