@@ -1,5 +1,6 @@
 """The benchmark's output: markdown tables (with the targets of the Winograd issue checked against them,
-and the rows Winograd does not touch compared with an earlier run) and a bar chart.
+and the rows Winograd does not touch compared with an earlier run; the depthwise rows in GB/s with
+issue 11's depthwise targets) and a bar chart.
 
 A result row (bench/run.py's run_case) is a dict: op, layer (name, k, s, is_3x3_s1, shape_text),
 gflop, algorithm (what the specialized implementation computed with), seconds and gflops per
@@ -68,9 +69,14 @@ def error_limit(row, impl) -> float:
     return row.get("error_limits", {}).get(impl, ERROR_LIMIT)
 
 
+def row_name(row) -> str:
+    """"op layer", and the layout of a depthwise row."""
+    return f"{row['op']} {row['layer'].name}" + (f" {row['layout']}" if "layout" in row else "")
+
+
 def wrong_results(results) -> list[str]:
     """"op layer implementation" of every result outside its error bound against NumPy."""
-    return [f"{r['op']} {r['layer'].name} {impl} ({e:.1e} > {error_limit(r, impl):g})"
+    return [f"{row_name(r)} {impl} ({e:.1e} > {error_limit(r, impl):g})"
             for r in results for impl, e in r["errors"].items() if not e <= error_limit(r, impl)]
 
 
@@ -135,7 +141,7 @@ def memory_table(results) -> list[str]:
     head += ["output MiB", "NumPy MiB (incl. its output)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["op"], r["layer"].name, r["algorithm"]]
+        cells = [r["op"], row_name(r).split(" ", 1)[1], r["algorithm"]]
         for i in impls:
             if i in r["workspace_bytes"]:
                 cells += [_fmt(r["workspace_bytes"][i] / MIB, 2), _fmt(r["python_bytes"][i] / MIB, 3),
@@ -153,7 +159,7 @@ def detail_table(results) -> list[str]:
            [f"{SHORT[i]} error" for i in impls if i != "numpy"] + ["specialized bound", "other processes' CPU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["op"], r["layer"].name, r["layer"].shape_text, r["algorithm"]]
+        cells = [r["op"], row_name(r).split(" ", 1)[1], r["layer"].shape_text, r["algorithm"]]
         cells += [_fmt(r["seconds"][i] * 1e3, 3) if i in r["seconds"] else "–" for i in impls]
         for i in impls:
             if i != "numpy":
@@ -349,8 +355,97 @@ def _nothing_slower(results, have_torch, previous, cpu=None) -> list[str]:
     return [f"- {text}: {verdict} — {', '.join(parts)}{source}"]
 
 
+# ------------------------------------------------------------------------------------- depthwise
+# Issue 11's targets for the depthwise rows: forward against PyTorch on the geometric mean of each
+# layout and on every row, backward on the geometric mean.
+DEPTHWISE_FORWARD_GOAL, DEPTHWISE_FORWARD_FLOOR, DEPTHWISE_BACKWARD_GOAL = 1.5, 1.0, 1.2
+
+
+def depthwise_table(rows, bandwidth_all) -> list[str]:
+    """One op's depthwise rows: GB/s of each implementation (and % of the measured bandwidth for the
+    specialized kernel), milliseconds, and how many times faster the specialized kernel ran."""
+    impls = _impls_in(rows)
+    others = [(i, f"spec/{SHORT[i]}") for i in ("pytorch", "direct", "generic", "numpy") if i in impls]
+    head = (["layer", "layout", "shape", "algorithm", "MB"] + [f"{SHORT[i]} GB/s" for i in impls]
+            + ["specialized ms"] + ([f"PyTorch ms"] if "pytorch" in impls else []) + [t for _, t in others])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["layer"].name, r["layout"], r["layer"].shape_text, r["algorithm"], _fmt(r["bytes"] / 1e6, 1)]
+        for i in impls:
+            g = r["gbs"].get(i)
+            cells.append("–" if g is None else f"{g:.1f}" + (f" ({100 * g / bandwidth_all:.0f}%)"
+                                                           if i == "specialized" and bandwidth_all else ""))
+        cells.append(_fmt(r["seconds"]["specialized"] * 1e3, 3))
+        if "pytorch" in impls:
+            cells.append(_fmt(r["seconds"]["pytorch"] * 1e3, 3) if "pytorch" in r["seconds"] else "–")
+        cells += [_fmt(timed_ratio(r, "specialized", i), 2, "×") for i, _ in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    for layout in sorted({r["layout"] for r in rows}):
+        part = [r for r in rows if r["layout"] == layout]
+        cells = [f"**geometric mean, {layout}**", "", "", "", ""]
+        cells += [_fmt(geomean(r["gbs"].get(i) for r in part), 1) for i in impls] + [""] * (1 + ("pytorch" in impls))
+        cells += [_fmt(geomean(timed_ratio(r, "specialized", i) for r in part), 2, "×") for i, _ in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def depthwise_targets(rows) -> list[str]:
+    """Issue 11's depthwise targets, each met or not by this run's rows (or not measured)."""
+    lines = []
+    forward = [r for r in rows if r["op"] == "forward"]
+    backward = [r for r in rows if r["op"] == "backward"]
+
+    def ratios(part):
+        return {f"{r['layer'].name} {r['layout']}": timed_ratio(r, "specialized", "pytorch") for r in part}
+
+    def verdict(met):
+        return "not measured" if met is None else ("**met**" if met else "**not met**")
+
+    for layout in ("NCHW", "NHWC"):
+        found = {name: v for name, v in ratios([r for r in forward if r["layout"] == layout]).items() if v}
+        text = (f"depthwise forward, {layout}: specialized ≥ {DEPTHWISE_FORWARD_GOAL}× PyTorch on the geometric "
+                f"mean and ≥ {DEPTHWISE_FORWARD_FLOOR}× on every layer")
+        if not found:
+            lines.append(f"- {text}: not measured")
+            continue
+        g, below = geomean(found.values()), [f"{n} {v:.2f}×" for n, v in found.items() if v < DEPTHWISE_FORWARD_FLOOR]
+        met = g >= DEPTHWISE_FORWARD_GOAL and not below
+        lines.append(f"- {text}: {verdict(met)} — {g:.2f}× ("
+                     + ", ".join(f"{n} {v:.2f}×" for n, v in found.items()) + ")"
+                     + (f"; below {DEPTHWISE_FORWARD_FLOOR}×: {', '.join(below)}" if below else ""))
+    found = {name: v for name, v in ratios(backward).items() if v}
+    text = f"depthwise backward (dx + dw + db): specialized ≥ {DEPTHWISE_BACKWARD_GOAL}× PyTorch on the geometric mean"
+    if found:
+        g = geomean(found.values())
+        lines.append(f"- {text}: {verdict(g >= DEPTHWISE_BACKWARD_GOAL)} — {g:.2f}× ("
+                     + ", ".join(f"{n} {v:.2f}×" for n, v in found.items()) + ")")
+    else:
+        lines.append(f"- {text}: not measured")
+    return lines
+
+
+def depthwise_section(rows, bandwidth) -> list[str]:
+    bw_all = bandwidth["gbs_all"] if bandwidth else None
+    out = ["## Depthwise (groups == channels)", "",
+           "MobileNet/EfficientNet-like depthwise layers, each in both layouts (NHWC against PyTorch's "
+           "channels_last). A depthwise layer does a few multiply-adds per value it reads or writes, so its "
+           "limit is memory, not the FMA units: GB/s count every array the op reads or writes once (forward: "
+           "x, weights, y; backward: dy, x, weights, dx, dw, db), against the machine's memory bandwidth"
+           + (f", measured by bench/stream.c (b = s·a over 128 MiB arrays, best of {bandwidth['samples']} "
+              f"passes): **{bandwidth['gbs_1']:.1f} GB/s on 1 thread, {bw_all:.1f} GB/s on "
+              f"{bandwidth['threads']} threads**; % is of the latter" if bandwidth else "")
+           + ". A layer whose arrays fit in the caches can run faster than that bandwidth. NumPy: one "
+           "multiply-add of a strided view per tap (convgen.baselines), the check every result is compared "
+           "with first.", ""]
+    for op in _ops_in(rows):
+        out += [f"### {OP_TITLES[op]}, depthwise", ""] + depthwise_table([r for r in rows if r["op"] == op], bw_all)
+        out += [""]
+    out += ["### Targets (issue 11, depthwise)", ""] + depthwise_targets(rows) + [""]
+    return out
+
+
 # -------------------------------------------------------------------------------------- markdown
-def markdown(results, fma, info, chart=None, previous=None) -> str:
+def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwidth=None) -> str:
     peak_all = fma["gflops_all"]
     out = ["# convgen benchmark", ""]
     out += [f"Measured {info['date']} by `{info['command']}` ({info['repeat']} timed samples per "
@@ -392,13 +487,16 @@ def markdown(results, fma, info, chart=None, previous=None) -> str:
             "extra MiB: that plus the Python-side peak (tracemalloc), the output arrays excluded.", ""]
     for op in _ops_in(results):
         out += [f"## {OP_TITLES[op]}", ""] + op_table([r for r in results if r["op"] == op], peak_all) + [""]
-    out += ["## Targets (Winograd issue)", ""] + targets(results, fma, info, previous) + [""]
+    if results:
+        out += ["## Targets (Winograd issue)", ""] + targets(results, fma, info, previous) + [""]
     if any(r["op"] in ND_OPS for r in results):
         out += ["## Targets (1-D and 3-D, issue 12)", "",
                 "conv1d runs on the 2-D kernels with a unit height axis (no copies); conv3d folds its depth taps "
                 "into the channels, which copies its input KD/sd times over (and, in NCDHW, transposes its output "
                 "or dy once): that is most of the 3-D rows' extra memory.", ""] + nd_targets(results) + [""]
-    out += ["## Memory per call", ""] + memory_table(results) + [""]
+    if depthwise:
+        out += depthwise_section(list(depthwise), bandwidth)
+    out += ["## Memory per call", ""] + memory_table(list(results) + list(depthwise)) + [""]
     out += ["## Times per call and agreement with NumPy", "",
             "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing "
             "(the 1-D and 3-D rows, which have no NumPy baseline, against PyTorch's result instead). "
@@ -406,7 +504,7 @@ def markdown(results, fma, info, chart=None, previous=None) -> str:
             "(`convgen.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
             "other processes' CPU: the share of the machine's CPU time used by other processes while the row "
             "was timed.",
-            ""] + detail_table(results) + [""]
+            ""] + detail_table(list(results) + list(depthwise)) + [""]
     if chart:
         out += [f"![effective GFLOP/s per layer]({chart})", ""]
     return "\n".join(out)

@@ -14,6 +14,12 @@ bench/results/bench.png and prints the tables.
     python bench/run.py                        # the whole suite (make bench)
     python bench/run.py --quick --layers resnet3x3,batch1_3x3 --ops forward
     python bench/run.py --algorithm direct     # every specialized kernel direct: the suite before Winograd
+    python bench/run.py --layers dw3x3s1,dw5x5s2   # depthwise rows only, both layouts
+
+Depthwise rows (DEPTHWISE_SUITE: MobileNet/EfficientNet-like layers, groups == channels) run forward
+and backward in both layouts, NHWC against PyTorch's channels_last, and report GB/s (every array the
+op reads or writes, counted once) against the machine's memory bandwidth (bench/bandwidth.py), which
+is their limit; they are checked against NumPy's depthwise baseline (one strided view per tap).
 
 FLOP convention: forward 2·N·F·(C/g)·KH·KW·Ho·Wo, the direct convolution's count whatever algorithm
 ran, so GFLOP/s is an *effective* rate (Winograd does fewer multiplies and can pass the FMA peak);
@@ -62,10 +68,11 @@ import numpy as np  # noqa: E402
 
 import convgen  # noqa: E402
 from convgen import baselines, planner, resolve, winograd  # noqa: E402
-from convgen.problem import Problem  # noqa: E402
+from convgen.problem import Problem, image_shape, weight_shape  # noqa: E402
 from convgen.spec import ConvSpec  # noqa: E402
 from convgen.timing import time_alternating  # noqa: E402
 
+import bandwidth  # noqa: E402
 import peak  # noqa: E402
 import report  # noqa: E402
 
@@ -202,9 +209,9 @@ def specs_of(problem: Problem, algorithm: str) -> dict:
 
 def row_algorithm(op: str, spec: ConvSpec) -> str:
     """What the specialized implementation of an `op` row computes with. Winograd computes a
-    convolution and an input gradient; a weight gradient is always direct."""
+    convolution and an input gradient, its weight gradient is direct; depthwise computes all three."""
     text = algorithm_text(spec)
-    if spec.family != "direct" and op.endswith("backward"):
+    if spec.family == "winograd" and op.endswith("backward"):
         return f"{text} dx, direct dw"
     return text
 
@@ -370,6 +377,126 @@ def _torch_func(torch, op, L, x, w, dy):
                                 [True, True, True])
 
     run.as_numpy = as_numpy
+    return run
+
+
+# ------------------------------------------------------------------------------------ depthwise rows
+@dataclasses.dataclass(frozen=True)
+class DepthwiseLayer:
+    """A depthwise layer (groups == channels, one filter each, padding k // 2), timed in both layouts."""
+
+    name: str
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    s: int
+
+    @property
+    def p(self) -> int:
+        return self.k // 2
+
+    @property
+    def shape_text(self) -> str:
+        return f"{self.n}×{self.c}×{self.h}×{self.w}, k{self.k}s{self.s}p{self.p}"
+
+    def problem(self, layout: str) -> Problem:
+        """The resolved problem of this layer's forward call, float32, in `layout`."""
+        return resolve.conv_problem(image_shape(self.n, self.c, self.h, self.w, layout),
+                                    weight_shape(self.c, 1, (self.k, self.k), layout), np.dtype(np.float32),
+                                    self.s, self.p, 1, self.c, layout)
+
+    def bytes(self, op: str, layout: str = "NCHW") -> int:
+        """Bytes the op reads and writes, each array once: forward x, w, y; backward dy, x, w, dx, dw, db."""
+        p = self.problem(layout)
+        x, y, w = p.n * p.c * p.h * p.w, p.n * p.f * p.ho * p.wo, p.f * self.k * self.k
+        return 4 * (x + w + y if op == "forward" else y + x + w + x + w + p.f)
+
+
+# MobileNet V1/V2, MnasNet and EfficientNet depthwise layers: 3×3 and 5×5, stride 1 and 2, batch 1 and 8,
+# 32 to 512 channels.
+DEPTHWISE_SUITE = (
+    DepthwiseLayer("dw3x3s1", 8, 144, 56, 56, 3, 1),
+    DepthwiseLayer("dw3x3s2", 8, 96, 112, 112, 3, 2),
+    DepthwiseLayer("dw3x3b1", 1, 512, 14, 14, 3, 1),
+    DepthwiseLayer("dw5x5s1", 8, 240, 28, 28, 5, 1),
+    DepthwiseLayer("dw5x5s2", 8, 240, 28, 28, 5, 2),
+    DepthwiseLayer("dw3x3c32", 8, 32, 112, 112, 3, 1),
+)
+DEPTHWISE_OPS = ("forward", "backward")
+
+
+def make_depthwise_case(op: str, layer: DepthwiseLayer, layout: str, torch, algorithm: str = "auto") -> Case:
+    """One depthwise row: convgen specialized (the planner's choice: the depthwise family), specialized
+    forced direct, generic, NumPy's depthwise baseline and PyTorch (channels_last for NHWC), every
+    result in the row's layout."""
+    rng = np.random.default_rng(0)
+    L = layer
+    x = rng.standard_normal((L.n, L.c, L.h, L.w), dtype=np.float32)
+    w = rng.standard_normal((L.c, 1, L.k, L.k), dtype=np.float32) / np.float32(L.k)
+    problem = L.problem(layout)
+    dy = rng.standard_normal((L.n, L.c, problem.ho, problem.wo), dtype=np.float32)
+    nhwc = layout == "NHWC"
+    X = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
+    W = np.ascontiguousarray(w.transpose(2, 3, 1, 0)) if nhwc else w
+    DY = np.ascontiguousarray(dy.transpose(0, 2, 3, 1)) if nhwc else dy
+    specs = specs_of(problem, algorithm)
+    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
+          "generic": dict(specialize=False)}
+    kw = {v: dict(stride=L.s, padding=L.p, groups=L.c, layout=layout, **kw[v]) for v in specs}
+    ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
+    stride, padding = (L.s, L.s), (L.p, L.p)
+
+    def to_layout(a, weights=False):  # an NCHW result (weights: (C, 1, KH, KW)) in the row's layout
+        return a if not nhwc else np.ascontiguousarray(a.transpose((2, 3, 1, 0) if weights else (0, 2, 3, 1)))
+
+    funcs = {}
+    if op == "forward":
+        ys = {v: np.empty(problem.output_shape, np.float32) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: convgen.conv2d(X, W, **kw[v], out=ys[v]))(v)
+        funcs["numpy"] = lambda: to_layout(baselines.numpy_depthwise_conv2d(x, w, stride, padding))
+        out_bytes = ys["specialized"].nbytes
+    else:
+        outs = {v: (np.empty_like(X), np.empty_like(W), np.empty(L.c, np.float32)) for v in specs}
+        for v in specs:
+            funcs[v] = (lambda v: lambda: convgen.conv2d_backward(DY, X, W, **kw[v], out=outs[v]))(v)
+
+        def numpy_backward():
+            dx, dw, db = baselines.numpy_depthwise_conv2d_backward(dy, x, w, stride, padding)
+            return to_layout(dx), to_layout(dw, weights=True), db
+        funcs["numpy"] = numpy_backward
+        out_bytes = sum(a.nbytes for a in outs["specialized"])
+    if torch is not None:
+        funcs["pytorch"] = _torch_depthwise_func(torch, op, L, x, w, dy, nhwc)
+    limits = {name: ERROR_LIMIT for name in funcs}
+    flops = problem.flops * (1 if op == "forward" else 2)
+    return Case(op, L, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits)
+
+
+def _torch_depthwise_func(torch, op, L, x, w, dy, nhwc):
+    """PyTorch on one depthwise row: NCHW tensors, or channels_last ones for NHWC (results returned as
+    NHWC arrays, weights as (KH, KW, 1, C), to compare with convgen's)."""
+    memory = torch.channels_last if nhwc else torch.contiguous_format
+    tx, tw, tdy = (torch.from_numpy(a).contiguous(memory_format=memory) for a in (x, w, dy))
+    functional, backward = torch.nn.functional, torch.ops.aten.convolution_backward
+
+    def to_numpy(t, weights=False):
+        return t.permute((2, 3, 1, 0) if weights else (0, 2, 3, 1)).numpy() if nhwc else t.numpy()
+
+    if op == "forward":
+        def run():
+            with torch.no_grad():
+                return functional.conv2d(tx, tw, stride=L.s, padding=L.p, groups=L.c)
+        run.as_numpy = to_numpy
+    else:
+        def run():
+            with torch.no_grad():
+                return backward(tdy, tx, tw, [L.c], [L.s, L.s], [L.p, L.p], [1, 1], False, [0, 0], L.c,
+                                [True, True, True])
+        run.as_numpy = lambda r: (to_numpy(r[0]), to_numpy(r[1], weights=True), r[2].numpy())
     return run
 
 
@@ -559,7 +686,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and a shorter peak measurement")
     parser.add_argument("--repeat", type=int, help="timed samples per implementation (default 9, --quick 3)")
-    parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}")
+    parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}; "
+                                         f"depthwise: {', '.join(l.name for l in DEPTHWISE_SUITE)}")
     parser.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)}")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for bench.md and bench.png")
     parser.add_argument("--algorithm", default="auto", choices=("auto", "direct"),
@@ -575,7 +703,7 @@ def parse_args(argv=None):
                              "at most SECONDS in all; rows they still disturbed are measured once more at the end, "
                              "keeping the quieter measurement (default 120; 0: no waiting, no second measurement)")
     args = parser.parse_args(argv)
-    args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE])
+    args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE + DEPTHWISE_SUITE])
     args.ops = _subset(parser, "--ops", args.ops, list(OPS))
     if args.repeat is None:
         args.repeat = 3 if args.quick else 9
@@ -605,7 +733,9 @@ def main(argv=None) -> int:
     if torch is None and any(isinstance(layer, NdLayer) for _, layer in rows_to_run):
         print("without PyTorch the 1-D and 3-D rows are skipped: they are checked against it", flush=True)
         rows_to_run = [(op, layer) for op, layer in rows_to_run if not isinstance(layer, NdLayer)]
-    if not rows_to_run:
+    depthwise_rows = [(op, layer, layout) for layer in DEPTHWISE_SUITE if layer.name in args.layers
+                      for layout in ("NCHW", "NHWC") for op in DEPTHWISE_OPS if op in args.ops]
+    if not rows_to_run and not depthwise_rows:
         print("nothing to run: no layer of --layers has an op of --ops", file=sys.stderr)
         return 2
 
@@ -614,17 +744,25 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     info = machine_info(torch, threads)
     info["command"] = " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)])
-    print(f"convgen bench: {len(rows_to_run)} rows, {threads} threads, repeat {args.repeat}", flush=True)
+    print(f"convgen bench: {len(rows_to_run) + len(depthwise_rows)} rows, {threads} threads, repeat {args.repeat}",
+          flush=True)
     meter = peak.PeakMeter(threads)
     meter.sample(3 if args.quick else 10)
     fma = meter.result()
     print(f"FMA peak ({fma['isa']}): {fma['gflops_1']:.1f} GFLOP/s on 1 thread, "
           f"{fma['gflops_all']:.1f} on {threads}", flush=True)
+    stream = bandwidth.BandwidthMeter(threads) if depthwise_rows else None
+    if stream is not None:
+        stream.sample(3 if args.quick else 10)
+        bw = stream.result()
+        print(f"memory bandwidth: {bw['gbs_1']:.1f} GB/s on 1 thread, {bw['gbs_all']:.1f} on {threads}", flush=True)
 
     # Compile every kernel the rows need up front, in parallel, so no build lands inside a timing.
     specs = set()
     for op, layer in rows_to_run:
         specs.update(specs_of(layer.problem(), args.algorithm).values())
+    for op, layer, layout in depthwise_rows:
+        specs.update(specs_of(layer.problem(layout), args.algorithm).values())
     failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
     if failed:
         for spec, exc in failed.items():
@@ -635,49 +773,67 @@ def main(argv=None) -> int:
 
     min_time = 0.05 if args.quick else 0.1
 
-    def measure(op, layer):
+    def measure(op, layer, layout=None):
         waiter.wait()
-        row = run_case(make_case(op, layer, torch, args.algorithm), args.repeat, min_time)
+        if layout is None:
+            row = run_case(make_case(op, layer, torch, args.algorithm), args.repeat, min_time)
+            rates = " ".join(f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
+        else:  # a depthwise row: GB/s
+            row = run_case(make_depthwise_case(op, layer, layout, torch, args.algorithm), args.repeat, min_time)
+            row["layout"], row["bytes"] = layout, layer.bytes(op, layout)
+            row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
+            rates = " ".join(f"{name} {row['gbs'][name]:6.1f} GB/s" for name in IMPLS if name in row["gbs"])
+            stream.sample(1)
         meter.sample(1)
-        print(f"  {op:<20} {layer.name:<13} {row['algorithm']:<29} " + "  ".join(
-            f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
-            + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
-            flush=True)
+        print(f"  {op:<20} {layer.name + ('' if layout is None else ' ' + layout):<13} {row['algorithm']:<29} "
+              + rates + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
+              flush=True)
         return row
 
     results = [measure(op, layer) for op, layer in rows_to_run]
+    depthwise_results = [measure(op, layer, layout) for op, layer, layout in depthwise_rows]
     remeasured = []
     if args.wait_quiet > 0:
         # Rows other processes disturbed get a second chance; the quieter of the two measurements stays.
-        for i, row in enumerate(results):
-            if row["other_load"] is not None and row["other_load"] > QuietWaiter.NOISY:
-                again = measure(row["op"], row["layer"])
-                remeasured.append(f"{row['op']} {row['layer'].name}")
-                if again["other_load"] is not None and again["other_load"] < row["other_load"]:
-                    results[i] = again
+        for rows in (results, depthwise_results):
+            for i, row in enumerate(rows):
+                if row["other_load"] is not None and row["other_load"] > QuietWaiter.NOISY:
+                    again = measure(row["op"], row["layer"], row.get("layout"))
+                    remeasured.append(f"{row['op']} {row['layer'].name}" + (f" {row['layout']}" if "layout" in row
+                                                                             else ""))
+                    if again["other_load"] is not None and again["other_load"] < row["other_load"]:
+                        rows[i] = again
 
     meter.sample(3 if args.quick else 10)
     fma = meter.result()
     meter.close()
+    bw = None
+    if stream is not None:
+        stream.sample(3 if args.quick else 10)
+        bw = stream.result()
+        stream.close()
     info["load_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     info["elapsed"] = time.perf_counter() - started
     info["repeat"] = args.repeat
     info["waited"] = waiter.waited
     info["remeasured"] = remeasured
-    info["partial"] = len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
+    info["partial"] = (len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
+                       or len(depthwise_rows) < 2 * len(DEPTHWISE_OPS) * len(DEPTHWISE_SUITE))
     info["algorithm"] = args.algorithm
 
     previous_path = args.previous or args.out / "bench.md"
     previous = report.read_previous(previous_path) if previous_path.is_file() else None
-    text = report.markdown(results, fma, info, chart=None if args.no_chart else "bench.png", previous=previous)
+    chart = not args.no_chart and bool(results)
+    text = report.markdown(results, fma, info, chart="bench.png" if chart else None, previous=previous,
+                           depthwise=depthwise_results, bandwidth=bw)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.md").write_text(text)
-    if not args.no_chart:
+    if chart:
         report.chart(results, fma, args.out / "bench.png")
     print()
     print(text)
-    print(f"wrote {args.out / 'bench.md'}" + ("" if args.no_chart else f" and {args.out / 'bench.png'}"))
-    wrong = report.wrong_results(results)
+    print(f"wrote {args.out / 'bench.md'}" + ("" if not chart else f" and {args.out / 'bench.png'}"))
+    wrong = report.wrong_results(results + depthwise_results)
     if wrong:
         print(f"results that disagree with NumPy beyond their bound: {', '.join(wrong)}", file=sys.stderr)
         return 1

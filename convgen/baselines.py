@@ -2,7 +2,7 @@
 installed BLAS) and, when installed, PyTorch's CPU convolution. Used by `convgen compare` and bench/.
 
 The NumPy baselines cover what the benchmark suite needs: NCHW, symmetric padding, no dilation,
-one group. Every gradient is a matmul against the same im2col matrix as the forward; the input
+one group, and (the depthwise rows) groups == channels with one filter each. Every gradient is a matmul against the same im2col matrix as the forward; the input
 gradient scatters its columns back with col2im, one window tap at a time.
 """
 
@@ -80,6 +80,39 @@ def numpy_conv_transpose2d_backward(dy, x, w, stride=(1, 1), padding=(0, 0)):
     cols, _ = _im2col(dy, w.shape[2:], stride, padding)
     dw = (_pixels_by_channel(x).T @ cols).reshape(w.shape)
     return dx, dw, dy.sum(axis=(0, 2, 3))
+
+
+def _tap_views(xp, kernel, stride, out_hw):
+    """Each tap (i, j) of a padded NCHW batch as the strided view of the inputs it meets, (N, C, Ho, Wo)."""
+    (kh, kw), (sh, sw), (ho, wo) = kernel, stride, out_hw
+    for i in range(kh):
+        for j in range(kw):
+            yield i, j, xp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+
+
+def numpy_depthwise_conv2d(x, w, stride=(1, 1), padding=(0, 0)):
+    """NCHW depthwise convolution (groups == channels, w (C, 1, KH, KW)): one multiply-add of a strided
+    view of the padded input per tap."""
+    (kh, kw), (sh, sw), (ph, pw) = w.shape[2:], stride, padding
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    ho, wo = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
+    y = np.zeros((x.shape[0], x.shape[1], ho, wo), dtype=x.dtype)
+    for i, j, view in _tap_views(xp, (kh, kw), stride, (ho, wo)):
+        y += view * w[None, :, 0, i, j, None, None]
+    return y
+
+
+def numpy_depthwise_conv2d_backward(dy, x, w, stride=(1, 1), padding=(0, 0)):
+    """(dx, dw, db) of numpy_depthwise_conv2d, tap by tap: dW[c, i, j] = Σ dY · view, view += dY · W."""
+    (kh, kw), (ph, pw) = w.shape[2:], padding
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    dxp = np.zeros_like(xp)
+    dw = np.empty_like(w)
+    for (i, j, view), (_, _, dview) in zip(_tap_views(xp, (kh, kw), stride, dy.shape[2:]),
+                                           _tap_views(dxp, (kh, kw), stride, dy.shape[2:])):
+        dw[:, 0, i, j] = np.einsum("nchw,nchw->c", dy, view)
+        dview += dy * w[None, :, 0, i, j, None, None]
+    return np.ascontiguousarray(dxp[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]), dw, dy.sum(axis=(0, 2, 3))
 
 
 def torch_module():

@@ -116,7 +116,9 @@ def _label(spec: ConvSpec) -> str:
 
 def _spec_from_args(args) -> ConvSpec:
     """The spec the arguments name. --algorithm auto (the default) takes Winograd for the windows it
-    computes, as the ops do for layers with enough channels; the generic build is always direct."""
+    computes, as the ops do for layers with enough channels; the generic build is direct.
+    --algorithm depthwise names the depthwise family (which the ops pick by the channels, not the
+    window), specialized or generic."""
     generic = args.generic or args.spec.strip().lower() == "generic"
     if args.algorithm == "winograd" and generic:
         raise UsageError("--algorithm winograd needs a window: the generic build is always direct")
@@ -128,6 +130,10 @@ def _spec_from_args(args) -> ConvSpec:
         spec = lowered_spec(args.spec, args.dtype, layout)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.algorithm == "depthwise":  # the family of groups == input channels, any window, generic too
+        if args.tile is not None:
+            raise UsageError("--tile is the output tile of Winograd F(m x m, 3 x 3): not for --algorithm depthwise")
+        return dataclasses.replace(spec, family="depthwise")
     if generic:
         return spec.generic()
     if args.algorithm == "auto" and not winograd_computes(spec.window):
@@ -329,9 +335,10 @@ def _add_spec_options(p, generic_help: str) -> None:
                    help="data layout, which sets the rank: NCHW or NHWC (2-D), NCL or NLC (1-D), NCDHW or NDHWC "
                         "(3-D); default NCHW, or NCDHW for a window with three values")
     p.add_argument("--generic", action="store_true", help=generic_help)
-    p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd"),
+    p.add_argument("--algorithm", default="auto", choices=("auto", "direct", "winograd", "depthwise"),
                    help="the algorithm family: auto (default) takes winograd for 3x3 windows at stride 1 without "
-                        "dilation and direct for the rest; the generic build is always direct")
+                        "dilation and direct for the rest; the generic build is direct; depthwise: the kernels "
+                        "for groups == input channels (specialized or generic)")
     p.add_argument("--tile", type=int, choices=WINOGRAD_TILES,
                    help="winograd: the output tile m of F(m x m, 3 x 3) (default: the schedule's)")
     p.add_argument("--isa", choices=ISAS,

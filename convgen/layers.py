@@ -213,10 +213,10 @@ class Conv2d(_Convolution):
     `convgen.conv2d` does (int, pair, ((top, bottom), (left, right)), "valid", "same").
     The positional arguments are torch's, in torch's order; the rest are keyword-only: `dtype`
     (float32 or float64), `layout` ("NCHW" or "NHWC"), `specialize` and `algorithm` ("auto",
-    "direct" or "winograd") as for `convgen.conv2d`, and `rng` (None, an int seed or a numpy
-    Generator) for the initial weights. `padding_mode` is torch's: "zeros", "reflect", "replicate"
-    or "circular", as for `convgen.conv2d` (reflect pads less than the input, circular at most
-    the input: checked on each call, against that input).
+    "direct", "winograd" or "depthwise") as for `convgen.conv2d`, and `rng` (None, an int seed or a
+    numpy Generator) for the initial weights. `padding_mode` is torch's: "zeros", "reflect",
+    "replicate" or "circular", as for `convgen.conv2d` (reflect pads less than the input, circular
+    at most the input: checked on each call, against that input).
 
     `forward(x)` (also `layer(x)`) returns y and keeps x; `backward(dy)` returns dx and stores
     `.dw` and `.db` (None without bias).

@@ -1,10 +1,12 @@
 """The planner: which algorithm family, built how, computes a problem.
 
 Between the resolved `Problem` and the kernels sits one decision: the family of templates
-(templates/<family>/) that computes it, and the schedule it is built with. `algorithm="direct"`
-and `"winograd"` name the family; `"auto"` asks the schedule's cost model (`Schedule.prefers_winograd`),
-which only ever picks Winograd where it applies and within its accuracy bound. The generic build is
-always direct: only a window known when the code is generated can choose another algorithm.
+(templates/<family>/) that computes it, and the schedule it is built with. `algorithm="direct"`,
+`"winograd"` and `"depthwise"` name the family; `"auto"` takes depthwise for a depthwise convolution
+(groups == input channels, `Schedule.prefers_depthwise`), else asks the schedule's cost model
+(`Schedule.prefers_winograd`), which only ever picks Winograd where it applies and within its
+accuracy bound. Winograd's generic build is direct: only a window known when the code is generated
+can choose it; depthwise is chosen by the channels and has a generic build of its own.
 Adding an algorithm is a template folder, a rule here and its tests.
 """
 
@@ -17,7 +19,7 @@ from .problem import Problem
 from .schedule import Schedule
 from .spec import WINOGRAD_WINDOW_TEXT, ConvSpec, winograd_computes
 
-ALGORITHMS = ("auto", "direct", "winograd")
+ALGORITHMS = ("auto", "direct", "winograd", "depthwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,22 @@ def winograd_refusal(problem: Problem, schedule: Schedule) -> str | None:
     return None
 
 
+def depthwise_refusal(problem: Problem) -> str | None:
+    """Why the depthwise family cannot compute `problem`, or None when it can: it computes the
+    convolutions whose every group has one input channel (groups == input channels, any number of
+    filters per group); a transposed call qualifies when its conv() does (groups == its output channels)."""
+    if problem.window.padding_mode != "zeros":
+        return (f"its kernels pad with zeros, not padding_mode={problem.window.padding_mode!r} (the direct "
+                f"kernels compute every padding mode)")
+    conv = problem.conv()
+    if conv.c == conv.groups:
+        return None
+    if problem.transpose:
+        return (f"the depthwise family computes transposed convolutions with groups == output channels, "
+                f"got groups={conv.groups} and {conv.c} output channels")
+    return f"the depthwise family computes groups == input channels, got groups={conv.groups} and {conv.c} input channels"
+
+
 def winograd_tile(dtype: str, schedule: Schedule) -> int:
     """The schedule's Winograd tile for `dtype`, or the largest smaller one within the accuracy bound."""
     candidates = [m for m in winograd.TILES if m <= schedule.winograd_tile and winograd.within_bound(m, dtype)]
@@ -65,9 +83,16 @@ def winograd_tile(dtype: str, schedule: Schedule) -> int:
 def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str = "auto") -> Plan:
     """The plan for `problem`: its family, specialized for its window or generic, under `schedule`."""
     algorithm = as_algorithm(algorithm)
-    direct = Plan(ConvSpec(problem.window if specialize else None, problem.dtype, problem.layout), schedule)
+    window = problem.window if specialize else None
+    direct = Plan(ConvSpec(window, problem.dtype, problem.layout), schedule)
     if algorithm == "direct":
         return direct
+    if algorithm in ("auto", "depthwise"):
+        refusal = depthwise_refusal(problem)
+        if algorithm == "depthwise" and refusal is not None:
+            raise ValueError(f"algorithm='depthwise' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
+        if refusal is None and (algorithm == "depthwise" or schedule.prefers_depthwise(problem.conv())):
+            return Plan(ConvSpec(window, problem.dtype, problem.layout, "depthwise"), schedule)
     if not specialize:
         if algorithm == "winograd":
             raise ValueError("algorithm='winograd' needs specialize=True: the generic build cannot know the window, "
@@ -82,4 +107,4 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
     return Plan(spec, schedule)
 
 
-__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "winograd_refusal", "winograd_tile"]
+__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "depthwise_refusal", "winograd_refusal", "winograd_tile"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import abi, winograd
+from . import abi, depthwise, winograd
 from ._version import __version__
 from .schedule import Schedule
 from .spec import ConvSpec
@@ -115,6 +115,11 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         context.update(PADDING_MODE=None)  # chosen at run time by g->pm
     if spec.family == "winograd":
         context.update(_winograd_context(spec))
+    if spec.family == "depthwise":
+        taps = spec.window.kernel[0] * spec.window.kernel[1] if spec.specialized else None
+        context.update(depthwise.template_context(spec.window),
+                       DW_PIXELS=int(schedule.depthwise_pixels), DW_VECTORS=int(schedule.depthwise_vectors),
+                       DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
     return context
 
 

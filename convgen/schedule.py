@@ -48,6 +48,17 @@ class Schedule:
     dw_dot_max_filters: int = 32
     dot_filters: int = 4
     dot_columns: int = 6
+    # Depthwise (groups == input channels): output pixels per register block of the NHWC kernels
+    # (filters in the vector lanes, one accumulator per pixel, each weight register shared by the
+    # block), and output vectors per step of the NCHW kernels (independent accumulator chains).
+    depthwise_pixels: int = 4
+    depthwise_vectors: int = 2
+    # `algorithm="auto"` takes the depthwise family from this many channels up. Depthwise layers
+    # have tens to hundreds; below it the direct modules keep computing small grouped convolutions
+    # (the tests have many, across dozens of windows), which would otherwise each build a second
+    # module. The depthwise kernels are faster there too (AVX-512, 3-8 channels: forward 3x,
+    # backward 10-20x): algorithm="depthwise", or configure(depthwise_min_channels=1), takes them.
+    depthwise_min_channels: int = 8
 
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
@@ -59,15 +70,27 @@ class Schedule:
         """The cost model of `algorithm="auto"` for a convolution Winograd can compute (a Problem)."""
         return min(conv.c // conv.groups, conv.f // conv.groups) >= self.winograd_min_channels
 
+    def prefers_depthwise(self, conv) -> bool:
+        """The cost model of `algorithm="auto"` for a depthwise convolution (a Problem's conv()).
+
+        From depthwise_min_channels channels up; in NHWC, whose vectors run along filters, also only
+        when the filters fill at least half a vector (measured on AVX-512, float32, 3×3: with 3 or 4
+        filters the direct forward pass was 1.4-2× faster, with 8 the depthwise one 1.4× faster).
+        """
+        if conv.c < self.depthwise_min_channels:
+            return False
+        return conv.layout == "NCHW" or 2 * conv.f >= self.lanes(conv.dtype)
+
 
 # Register budget: MR × nr_vectors accumulators + nr_vectors loaded B vectors + 1 broadcast must fit
 # (AVX-512: 32 zmm; AVX2: 16 ymm; SSE-class: 16 xmm); so must dot_filters × dot_columns sums +
 # dot_filters + 1 loaded vectors.
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
-    "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, arch_flags=("-march=native",)),
-    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, dot_filters=3, dot_columns=3,
-                 arch_flags=("-mavx2", "-mfma")),
+    "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
+                   arch_flags=("-march=native",)),
+    "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
+                 dot_columns=3, arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
 
@@ -102,7 +125,7 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
                  "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
-                 "dot_columns"):
+                 "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_min_channels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")

@@ -26,7 +26,7 @@ LAYOUTS = ("NCHW", "NHWC")
 # repeated (numpy's "reflect"); the edge repeated ("edge"); the image wrapped around ("wrap").
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 # Algorithm families: each has its templates in templates/<family>/ and an entry in the planner.
-FAMILIES = ("direct", "winograd")
+FAMILIES = ("direct", "winograd", "depthwise")
 # Winograd output tiles m of F(m×m, r×r) that can be built, and the windows r × r they take.
 WINOGRAD_TILES = (2, 4, 6)
 WINOGRAD_WINDOWS = (3,)
@@ -261,6 +261,7 @@ class ConvSpec:
     layout: str = "NCHW"
     family: str = "direct"
     tile: int = 0  # winograd: the output tile m of F(m×m, r×r); 0 for the other families
+    # (depthwise: groups == input channels, any window; specialized or generic like direct)
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -313,9 +314,10 @@ class ConvSpec:
         return DTYPES[self.dtype]
 
     def generic(self) -> "ConvSpec":
-        """The generic spec of the same dtype and layout: always direct, since only a known window
-        can choose another algorithm."""
-        return ConvSpec(None, self.dtype, self.layout)
+        """The generic spec of the same dtype, layout and family where the family has one: Winograd
+        needs a known window, so its generic twin is direct; depthwise is chosen by the groups, not
+        the window, and has a generic build of its own."""
+        return ConvSpec(None, self.dtype, self.layout, "depthwise" if self.family == "depthwise" else "direct")
 
     @property
     def name(self) -> str:
@@ -325,7 +327,7 @@ class ConvSpec:
 
     @property
     def algorithm_suffix(self) -> str:
-        """The family in the text form: "" for direct, "_winograd4" for Winograd F(4×4, r×r)."""
+        """The family in the text form: "" for direct, "_winograd4" for Winograd F(4×4, r×r), "_depthwise"."""
         return "" if self.family == "direct" else f"_{self.family}{self.tile or ''}"
 
     def symbol(self, entry: str) -> str:

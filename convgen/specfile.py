@@ -13,6 +13,8 @@ Each [[set]] stands for every window × dtype × layout × algorithm combination
 gets the tile the active schedule uses (`planner.winograd_tile`), the one `algorithm="auto"` calls.
 A 1-D or 3-D window lists the 2-D module that runs it (`ndspec.lowered_spec`): k9s1p4 in NCL is
 the 1 × 9 window k1x9s1p0x4, k3x3x3s1p1 the 3 × 3 window k3s1p1 (its depth taps become channels).
+"depthwise" (not among the defaults) adds the depthwise family's module of every window, and with
+`generic = true` its generic build beside the direct one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from .ndspec import lowered_spec, window_rank
 from .spec import ConvSpec, winograd_computes
 
 _KEYS = {"windows", "dtypes", "layouts", "generic", "algorithms"}
-_ALGORITHMS = ("direct", "winograd")
+_ALGORITHMS = ("direct", "winograd", "depthwise")
+_DEFAULT_ALGORITHMS = ["direct", "winograd"]
 
 
 def load_spec_file(path) -> list[ConvSpec]:
@@ -48,7 +51,7 @@ def load_spec_file(path) -> list[ConvSpec]:
         windows = entry.get("windows", [])
         dtypes = entry.get("dtypes", ["float32"])
         layouts = entry.get("layouts")
-        algorithms = entry.get("algorithms", list(_ALGORITHMS))
+        algorithms = entry.get("algorithms", list(_DEFAULT_ALGORITHMS))
         for name, value in (("windows", windows), ("dtypes", dtypes), ("layouts", layouts), ("algorithms", algorithms)):
             if value is None and name == "layouts":
                 continue
@@ -68,8 +71,12 @@ def load_spec_file(path) -> list[ConvSpec]:
                     specs += direct
                 if "winograd" in algorithms:
                     specs += _winograd_specs(direct)
+                if "depthwise" in algorithms:
+                    specs += [dataclasses.replace(spec, family="depthwise") for spec in direct]
                 if entry.get("generic", True):
                     specs.append(lowered_spec("generic", dtype, layout))
+                    if "depthwise" in algorithms:
+                        specs.append(dataclasses.replace(lowered_spec("generic", dtype, layout), family="depthwise"))
     return list(dict.fromkeys(specs))
 
 

@@ -186,6 +186,31 @@ PRODUCTION_CASES = [
 ]
 
 
+# The depthwise family (groups == input channels), which tests/test_depthwise.py runs on every op:
+# MobileNet's 3×3 and 5×5 windows at stride 1 and 2 in every layout and dtype (kernels.toml
+# prebuilds them too), and more windows (1×1, 7×7, dilation, per-side and asymmetric padding,
+# rectangular) in one dtype per layout, alternating. The property tests draw their depthwise calls
+# from all of them.
+DEPTHWISE_WINDOWS = [Window(3, 1, 1), Window(3, 2, 1), Window(5, 1, 2), Window(5, 2, 2)]
+DEPTHWISE_MORE_WINDOWS = [
+    Window(1, 1, 0), Window(7, 2, 3), Window(3, 1, 2, 2), Window(3, 2, ((0, 1), (1, 0))),
+    Window((2, 5), (1, 3), ((1, 0), (2, 1)), (2, 1)), Window(3, 3, 1),
+]
+
+
+def depthwise_dtypes(window, layout):
+    """The dtypes the depthwise tests run `window` in, in `layout`."""
+    if window in DEPTHWISE_WINDOWS:
+        return DTYPES
+    return (DTYPES[(DEPTHWISE_MORE_WINDOWS.index(window) + LAYOUTS.index(layout)) % 2],)
+
+
+def depthwise_specs():
+    specs = [ConvSpec(window, dtype, layout, "depthwise") for window in DEPTHWISE_WINDOWS + DEPTHWISE_MORE_WINDOWS
+             for layout in LAYOUTS for dtype in depthwise_dtypes(window, layout)]
+    return specs + [ConvSpec(None, dtype, layout, "depthwise") for layout in LAYOUTS for dtype in DTYPES]
+
+
 def all_specs():
     specs = []
     for window in FORWARD_WINDOWS + GRADIENT_WINDOWS + PADDING_MODE_WINDOWS:
@@ -196,5 +221,6 @@ def all_specs():
         for dtype in DTYPES:
             specs.append(ConvSpec(None, dtype, layout))
     specs += [production.spec() for production in PRODUCTION_CASES]
+    specs += depthwise_specs()
     return list(dict.fromkeys(specs))
 

@@ -1,7 +1,8 @@
 """The NumPy baselines the benchmark times must compute the same thing as convgen.reference.
 
 A benchmark that times a wrong baseline compares nothing; these cases cover the shapes of the
-suite in miniature (kernel 1, 3, 4, 5, 7; stride 1 and 2; padding 0 to 3; non-square images).
+suite in miniature (kernel 1, 3, 4, 5, 7; stride 1 and 2; padding 0 to 3; non-square images), the
+depthwise baseline on the same windows.
 """
 
 import numpy as np
@@ -65,4 +66,18 @@ def test_transposed_matches_reference(case):
     got = baselines.numpy_conv_transpose2d_backward(dy, t, w, stride, padding)
     want = reference.conv_transpose2d_backward(dy, t, w, stride=stride, padding=padding)
     for name, a, b in zip(("dx", "dw", "db"), got, want):
+        assert_close(a, b, np.float64, name)
+
+
+def test_depthwise_matches_reference(case):
+    """The depthwise baseline of the bench's depthwise rows: the case's C channels, one filter each."""
+    x, w, stride, padding = case
+    c = x.shape[1]
+    w = np.random.default_rng(3).standard_normal((c, 1, *w.shape[2:]))
+    kw = dict(stride=stride, padding=padding, groups=c)
+    expected = reference.conv2d(x, w, **kw)
+    assert_close(baselines.numpy_depthwise_conv2d(x, w, stride, padding), expected, np.float64, "y")
+    dy = np.random.default_rng(4).standard_normal(expected.shape)
+    got = baselines.numpy_depthwise_conv2d_backward(dy, x, w, stride, padding)
+    for name, a, b in zip(("dx", "dw", "db"), got, reference.conv2d_backward(dy, x, w, **kw)):
         assert_close(a, b, np.float64, name)

@@ -1,4 +1,5 @@
-"""bench/: the rows it builds, the tables and targets it writes, the earlier run it reads and its chart.
+"""bench/: the rows it builds, the tables and targets it writes, the earlier run it reads and its chart
+(and its depthwise rows, in GB/s).
 
 No timing is asserted here (benchmarks are scripts, not tests): the report is fed made-up rows, and
 one tiny row is run once to check that every implementation's result is compared with NumPy's.
@@ -220,3 +221,66 @@ def test_chart_draws_every_implementation(run, report, tmp_path):
     path = tmp_path / "bench.png"
     report.chart(_results(run), FMA, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------ depthwise rows
+def _depthwise_row(run, op, name, layout, ms):
+    """A made-up depthwise row: `ms` is {implementation: milliseconds}."""
+    layer = next(l for l in run.DEPTHWISE_SUITE if l.name == name)
+    seconds = {i: t / 1e3 for i, t in ms.items()}
+    nbytes = layer.bytes(op, layout)
+    return {"op": op, "layer": layer, "layout": layout, "bytes": nbytes, "algorithm": "depthwise",
+            "seconds": seconds, "gbs": {i: nbytes / s / 1e9 for i, s in seconds.items()},
+            "gflops": {i: 1.0 for i in seconds}, "errors": {i: 1e-6 for i in seconds},
+            "error_limits": {i: 1e-3 for i in seconds}, "python_bytes": {i: 2048 for i in (*seconds, "numpy")},
+            "workspace_bytes": {"specialized": 1 << 20}, "output_bytes": 1 << 20, "other_load": 0.0}
+
+
+def test_depthwise_suite_and_bytes(run):
+    """Both windows and strides, batch 1 and 8; bytes count every array once (8×144×56×56 float32: 14.45 MB)."""
+    suite = {(l.k, l.s) for l in run.DEPTHWISE_SUITE}
+    assert {(3, 1), (3, 2), (5, 1), (5, 2)} <= suite and {l.n for l in run.DEPTHWISE_SUITE} >= {1, 8}
+    layer = next(l for l in run.DEPTHWISE_SUITE if l.name == "dw3x3s1")
+    image, weights = 8 * 144 * 56 * 56 * 4, 144 * 9 * 4
+    assert layer.bytes("forward") == 2 * image + weights == layer.bytes("forward", "NHWC")
+    assert layer.bytes("backward") == 3 * image + 2 * weights + 144 * 4
+    problem = layer.problem("NHWC")
+    assert problem.groups == problem.c == 144 and problem.input_shape == (8, 56, 56, 144)
+    assert run.specs_of(problem, "auto")["specialized"].family == "depthwise"
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_a_depthwise_row_checks_every_result_against_numpy(run, op, layout):
+    """A tiny depthwise layer, run once: every implementation (PyTorch in its layout too) agrees with NumPy."""
+    from convgen.baselines import torch_module
+    layer = run.DepthwiseLayer("tiny", 2, 8, 9, 11, 3, 2)
+    case = run.make_depthwise_case(op, layer, layout, torch_module())
+    assert {"specialized", "direct", "generic", "numpy"} <= set(case.funcs) and case.algorithm == "depthwise"
+    row = run.run_case(case, repeat=1, min_time=0.0)
+    assert all(e <= 1e-5 for e in row["errors"].values()), row["errors"]
+    assert not run.report.wrong_results([row])
+
+
+def test_depthwise_tables_and_targets(run, report):
+    rows = [_depthwise_row(run, "forward", "dw3x3s1", "NCHW", dict(specialized=1.0, generic=2.0, pytorch=2.0)),
+            _depthwise_row(run, "forward", "dw3x3b1", "NCHW", dict(specialized=1.0, generic=2.0, pytorch=0.9)),
+            _depthwise_row(run, "forward", "dw3x3s1", "NHWC", dict(specialized=1.0, generic=2.0, pytorch=2.0)),
+            _depthwise_row(run, "forward", "dw5x5s2", "NHWC", dict(specialized=1.0, generic=2.0, pytorch=1.5)),
+            _depthwise_row(run, "backward", "dw3x3s1", "NCHW", dict(specialized=1.0, generic=2.0, pytorch=1.1)),
+            _depthwise_row(run, "backward", "dw3x3s1", "NHWC", dict(specialized=1.0, generic=2.0, pytorch=1.4))]
+    bandwidth = {"threads": 2, "gbs_1": 10.0, "gbs_all": 20.0, "samples": 3}
+    text = report.markdown([], FMA, _info(), depthwise=rows, bandwidth=bandwidth)
+    assert "## Depthwise (groups == channels)" in text and "20.0 GB/s on 2 threads" in text
+    assert "## Targets (Winograd issue)" not in text  # no dense rows ran
+    table = text.split("### Forward (conv2d), depthwise")[1].split("###")[0]
+    # 28.9 MB in 1 ms is 28.9 GB/s, 145 % of the 20 GB/s bandwidth (the arrays can sit in the caches).
+    assert "| dw3x3s1 | NCHW | 8×144×56×56, k3s1p1 | depthwise | 28.9 | 28.9 (145%) |" in table
+    assert "**geometric mean, NHWC**" in table and "1.73×" in table  # sqrt(2.0 · 1.5)
+    targets = report.depthwise_targets(rows)
+    # NCHW: geometric mean sqrt(2 · 0.9) = 1.34×, and dw3x3b1 below 1.0×; NHWC: 1.73×, none below.
+    assert targets[0].startswith("- depthwise forward, NCHW") and "**not met** — 1.34×" in targets[0]
+    assert "below 1.0×: dw3x3b1 NCHW 0.90×" in targets[0]
+    assert "**met** — 1.73×" in targets[1]
+    assert "**met** — 1.24× (dw3x3s1 NCHW 1.10×, dw3x3s1 NHWC 1.40×)" in targets[2]
+    assert report.depthwise_targets(rows[:2])[1].endswith(": not measured")

@@ -68,7 +68,9 @@ def isa(request):
     _skip_unless_supported(request.param)
     with convgen.configure(isa=request.param):
         threaded = [ConvSpec(THREADED["window"], dtype, layout) for layout, dtype in THREADED_DTYPE.items()]
-        _build(isa_grid_specs() + threaded)
+        depthwise = [ConvSpec(window, dtype, layout, "depthwise") for window, dtype in DEPTHWISE_ON_EVERY_ISA
+                     for layout in LAYOUTS]
+        _build(isa_grid_specs() + threaded + depthwise)
     return request.param
 
 
@@ -174,6 +176,20 @@ def test_every_op_on_several_threads(isa, layout, threads):
                      f"{isa} conv_transpose2d")
         _check(convgen.conv_transpose2d_backward(dx, dy, w, **kw), reference.conv_transpose2d_backward(dx, dy, w, **kw),
                dtype, f"{isa} conv_transpose2d_backward")
+
+
+# The depthwise family's vectors are the ISA's (NCHW: along pixels; NHWC: along filters, 19 of them
+# here: full vectors and a partial one on every ISA).
+DEPTHWISE_ON_EVERY_ISA = [(Window(3, 1, 1), "float32"), (Window(5, 2, 2), "float64")]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("window, dtype", DEPTHWISE_ON_EVERY_ISA, ids=lambda v: v.short() if isinstance(v, Window) else v)
+def test_depthwise_on_every_isa(isa, window, dtype, layout):
+    from test_depthwise import check_all_ops
+    with convgen.configure(isa=isa):
+        for multiplier in (1, 2):
+            check_all_ops(2, 19, 11, 13, multiplier, window, layout, dtype, True, seeded_rng("isa-dw", isa, window))
 
 
 # ------------------------------------------------------------------------------------ refusals

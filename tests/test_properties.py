@@ -1,6 +1,7 @@
 """Property tests: all four ops agree with convgen.reference on random convolutions.
 
-hypothesis draws the op, layout, dtype, variant, algorithm (Winograd forced wherever it applies),
+hypothesis draws the op, layout, dtype, variant, algorithm (Winograd forced wherever it applies, the
+depthwise family forced on half the calls with one channel per group on its prebuilt windows),
 batch (0 included), channels and groups (depthwise
 included), image size, padding form, output_padding and how the arrays are stored. Specialized
 calls draw their window from the windows tests/grid.py prebuilds, so no draw costs a compile;
@@ -28,7 +29,7 @@ from hypothesis import strategies as st
 import convgen
 from convgen import reference
 from convgen.spec import Window, winograd_computes
-from grid import FORWARD_WINDOWS, GRADIENT_WINDOWS
+from grid import DEPTHWISE_WINDOWS, FORWARD_WINDOWS, GRADIENT_WINDOWS
 from helpers import assert_close, planned_threads
 
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
@@ -43,14 +44,18 @@ else:
     PREBUILT = sorted(set(FORWARD_WINDOWS + GRADIENT_WINDOWS), key=Window.short)
 # The prebuilt windows Winograd computes: drawn one time in four, so forced Winograd gets examples.
 WINOGRAD_PREBUILT = [w for w in PREBUILT if winograd_computes(w)]
+# The prebuilt windows the depthwise family is built for too (tests/grid.py, every dtype and layout):
+# drawn one time in four; a call with one channel per group then forces the family half the time.
+DEPTHWISE_PREBUILT = [w for w in PREBUILT if w in DEPTHWISE_WINDOWS]
 
 
 @st.composite
 def windows(draw, specialize):
     """(kernel, stride, padding argument, dilation): a prebuilt window, or any window if generic."""
     if specialize:
-        winograd_pool = WINOGRAD_PREBUILT and draw(st.integers(0, 3)) == 3
-        window = draw(st.sampled_from(WINOGRAD_PREBUILT if winograd_pool else PREBUILT))
+        pool = draw(st.integers(0, 3))
+        window = draw(st.sampled_from(WINOGRAD_PREBUILT if pool == 3 and WINOGRAD_PREBUILT else
+                                      DEPTHWISE_PREBUILT if pool == 2 and DEPTHWISE_PREBUILT else PREBUILT))
         padding = window.padding
         (pt, pb), (pl, pr) = padding
         if pt == pb and pl == pr:  # the same window, written in the other forms
@@ -126,6 +131,11 @@ def cases(draw, op):
             per_group_in = min(256, max(per_group_in, math.ceil(
                 LARGE_FLOPS / (2 * n * groups * per_group_out * kernel[0] * kernel[1] * pixels))))
     c_in, c_out = groups * per_group_in, groups * per_group_out
+    # One channel per group of the convolution the kernels run (a transposed call's output): the
+    # depthwise family computes it, specialized for its prebuilt windows or generic.
+    if (per_group_out if transposed else per_group_in) == 1 and draw(st.booleans()) and (
+            not specialize or Window(kernel, stride, padding, dilation) in DEPTHWISE_PREBUILT):
+        kwargs["algorithm"] = "depthwise"
     weight_shape = (c_in, c_out // groups, *kernel) if transposed else (c_out, c_in // groups, *kernel)
     seed = draw(st.integers(0, 2 ** 32 - 1))
     rng = np.random.default_rng(seed)

@@ -95,7 +95,7 @@ def test_forced_winograd_where_it_cannot_apply_is_a_clear_error():
         convgen.conv2d(x, w, stride=2, padding=1, algorithm="winograd")
     with pytest.raises(ValueError, match=r"algorithm='winograd' needs specialize=True"):
         convgen.conv2d(x, w, padding=1, specialize=False, algorithm="winograd")
-    with pytest.raises(ValueError, match=r"algorithm must be one of 'auto', 'direct', 'winograd', got 'fft'"):
+    with pytest.raises(ValueError, match=r"algorithm must be one of 'auto', 'direct', 'winograd', 'depthwise', got 'fft'"):
         convgen.conv2d(x, w, algorithm="fft")
     with pytest.raises(ValueError, match=r"algorithm must be one of"):
         convgen.Conv2d(4, 4, 3, algorithm=3)

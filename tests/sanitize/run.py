@@ -37,14 +37,15 @@ def op_tests() -> list[str]:
 
 
 # The CI subset: every bad-input and unusual-array case, the property tests with specialized windows
-# narrowed to k3s2p1 and k3s1p1 (which Winograd computes), 8 threads calling kernels at once, and the
-# padding modes' adjoint identities (the generic build in every mode and layout; reflect, replicate
-# and circular windows specialized); eighteen kernels and six of the padding modes, built in parallel
-# first (those of the thread and padding-mode tests are listed by hand: a missing one is only built
-# later, one at a time).
+# narrowed to k3s2p1 and k3s1p1 (which Winograd computes, and the depthwise family's kernels too),
+# the depthwise tests' odd sizes, 8 threads calling kernels at once, and the padding modes' adjoint
+# identities (the generic build in every mode and layout; reflect, replicate and circular windows
+# specialized); the kernels are built in parallel first (those of the thread and padding-mode tests
+# are listed by hand: a missing one is only built later, one at a time).
 _PADDING_MODE_ADJOINTS = "tests/test_padding_modes.py::test_adjoint_identities_hold_in_every_mode"
 QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
-         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial"] + \
+         "tests/test_concurrency.py::test_threads_calling_kernels_at_once_match_serial",
+         "tests/test_depthwise.py::test_odd_sizes"] + \
     [f"{_PADDING_MODE_ADJOINTS}[{layout}-{mode}-generic]" for layout in ("NCHW", "NHWC")
      for mode in ("zeros", "reflect", "replicate", "circular")] + \
     [f"{_PADDING_MODE_ADJOINTS}[{case}-specialized]" for case in ("NCHW-reflect", "NCHW-replicate", "NHWC-circular")]
@@ -52,6 +53,7 @@ QUICK_WINDOWS = "k3s2p1 k3s1p1"
 _BOTH = [(dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")]
 QUICK_SPECS = [("k3s2p1", *both) for both in _BOTH] + [("generic", *both) for both in _BOTH] + \
     [("k3s1p1", *both) for both in _BOTH] + [("k3s1p1", *both, "winograd") for both in _BOTH] + \
+    [(window, *both, "depthwise") for window in ("k3s2p1", "k3s1p1", "generic") for both in _BOTH] + \
     [("k1", "float64", "NCHW"), ("k3s1p1d2", "float32", "NCHW"), ("k3s1p1d2", "float32", "NHWC"),
      ("k4s2p1", "float64", "NCHW")] + \
     [(window, "float64", "NCHW") for window in ("k3s1p1reflect", "k3x2s2x1p2_1x0_1d1x2reflect",
@@ -100,7 +102,8 @@ from convgen import planner
 from convgen.spec import ConvSpec
 specs = [ConvSpec.parse(*spec[:3]) for spec in {specs!r}]
 schedule = convgen.kernels.settings().schedule()  # Winograd modules get the tile the planner uses
-specs = [dataclasses.replace(s, family="winograd", tile=planner.winograd_tile(s.dtype, schedule))
+specs = [dataclasses.replace(s, family=given[3], tile=planner.winograd_tile(s.dtype, schedule)
+                             if given[3] == "winograd" else 0)
          if len(given) > 3 else s for s, given in zip(specs, {specs!r})]
 failed = {{s: o for s, o in convgen.build_all(specs).items() if isinstance(o, Exception)}}
 sys.exit(f"sanitize: kernel builds failed: {{failed}}" if failed else 0)

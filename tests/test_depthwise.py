@@ -1,0 +1,267 @@
+"""The depthwise family (groups == input channels) against convgen.reference.
+
+Every op (forward; dx and dW through conv2d_backward; the transposed pair, whose kernels are the
+same three) over the windows of tests/grid.py, specialized and generic, one and two filters per
+channel, on sizes that reach every path: channels past one vector and not a multiple of it, fewer
+channels than one vector, rows no multiple of the vector width, images smaller than the window,
+1×1 images. Also: which family the planner picks, adjoint identities, central-difference
+gradients, the same bits on 1, 2 and 3 threads, the spec's text and the spec files.
+"""
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import cli, planner, reference
+from convgen.kernels import settings
+from convgen.render import render
+from convgen.resolve import conv_problem, transposed_problem
+from convgen.spec import ConvSpec, Window
+from convgen.specfile import load_spec_file
+from grid import DEPTHWISE_MORE_WINDOWS, DEPTHWISE_WINDOWS, DTYPES, LAYOUTS, depthwise_dtypes
+from helpers import assert_close, kernels_for, numerical_gradient, relative_error, seeded_rng, to_layout
+
+GRID = [(window, layout, dtype) for window in DEPTHWISE_WINDOWS + DEPTHWISE_MORE_WINDOWS for layout in LAYOUTS
+        for dtype in depthwise_dtypes(window, layout)]
+VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+DEPTHWISE = dict(algorithm="depthwise")
+
+
+def _arrays(rng, n, c, h, w, multiplier, window, layout, dtype, transposed=False):
+    """x (n, c, h, w in NCHW terms), the depthwise weights and a bias, in `layout`. A transposed
+    call's x has c * multiplier channels and its output c (groups == output channels)."""
+    weight = rng.standard_normal((c * multiplier, 1, *window.kernel))
+    x = rng.standard_normal((n, c * multiplier if transposed else c, h, w))
+    x, weight = to_layout(x, weight, layout)
+    return x.astype(dtype), weight.astype(dtype), rng.standard_normal(c if transposed else c * multiplier).astype(dtype)
+
+
+def _window_kwargs(window, c, layout):
+    return dict(stride=window.stride, padding=window.padding, dilation=window.dilation, groups=c, layout=layout)
+
+
+def _output_padding(window, h, w):
+    """The output_padding that brings a transposed call back to the h × w its input came from."""
+    return tuple((n + sum(pads) - extent) % s for n, pads, extent, s in zip(
+        (h, w), window.padding, window.effective_kernel, window.stride))
+
+
+def check_all_ops(n, c, h, w, multiplier, window, layout, dtype, specialize, rng):
+    """conv2d, conv2d_backward, conv_transpose2d and its backward on a depthwise convolution, all
+    through the depthwise family, against the reference."""
+    kw = _window_kwargs(window, c, layout)
+    x, weight, bias = _arrays(rng, n, c, h, w, multiplier, window, layout, dtype)
+    problem = conv_problem(x.shape, weight.shape, x.dtype, **{k: kw[k] for k in ("stride", "padding", "dilation")},
+                           groups=c, layout=layout)
+    assert kernels_for(problem, specialize, "depthwise").spec.family == "depthwise"
+    expected = reference.conv2d(x, weight, bias, **kw)
+    assert_close(convgen.conv2d(x, weight, bias, specialize=specialize, **kw, **DEPTHWISE), expected, dtype, "forward")
+    dy = rng.standard_normal(expected.shape).astype(dtype)
+    got = convgen.conv2d_backward(dy, x, weight, specialize=specialize, **kw, **DEPTHWISE)
+    for name, a, e in zip(("dx", "dw", "db"), got, reference.conv2d_backward(dy, x, weight, **kw)):
+        assert_close(a, e, dtype, name)
+    # The transposed convolution of the same weights: input shaped as y, output as x.
+    tkw = dict(kw, output_padding=_output_padding(window, h, w))
+    t = convgen.conv_transpose2d(dy, weight, bias[:c], specialize=specialize, **tkw, **DEPTHWISE)
+    assert_close(t, reference.conv_transpose2d(dy, weight, bias[:c], **tkw), dtype, "transposed")
+    dt = rng.standard_normal(x.shape).astype(dtype)
+    got = convgen.conv_transpose2d_backward(dt, dy, weight, specialize=specialize, **tkw, **DEPTHWISE)
+    for name, a, e in zip(("dx", "dw", "db"), got, reference.conv_transpose2d_backward(dt, dy, weight, **tkw)):
+        assert_close(a, e, dtype, f"transposed {name}")
+
+
+# ------------------------------------------------------------------------------ against the reference
+@VARIANTS
+@pytest.mark.parametrize("multiplier", [1, 2])
+@pytest.mark.parametrize("window, layout, dtype", GRID, ids=lambda v: v.short() if isinstance(v, Window) else v)
+def test_ops_match_reference(window, layout, dtype, multiplier, specialize):
+    """19 channels: a full block of LANES and a partial one (NHWC), rows of 13 (NCHW: no multiple of LANES)."""
+    rng = seeded_rng("depthwise", window, layout, dtype, multiplier)
+    check_all_ops(2, 19, 11, 13, multiplier, window, layout, dtype, specialize, rng)
+
+
+# n, c, h, w, multiplier, window: what the common paths do not reach.
+ODD_SIZES = [
+    (1, 1, 1, 1, 1, Window(3, 1, 1)),      # a 1×1 image, one channel: every tap but the centre in the padding
+    (2, 3, 2, 2, 2, Window(3, 2, 1)),      # smaller than the window, stride 2, two filters per channel
+    (1, 5, 3, 40, 1, Window(3, 1, 1)),     # long rows: several vectors and an overlapping last one
+    (3, 16, 5, 4, 1, Window(3, 1, 1)),     # exactly 16 channels (one AVX-512 float32 vector)
+    (1, 33, 7, 9, 1, Window(3, 2, 1)),     # 33 channels: 2 full AVX-512 vectors and 1 channel
+    (2, 4, 1, 17, 3, Window(3, 2, 1)),     # one row, an odd width, three filters per channel
+    (1, 2, 18, 1, 1, Window(3, 1, 1)),     # one column
+    (1, 20, 4, 25, 1, Window(3, 1, 1)),    # NHWC forward straight from x: 20 channels, one vector and a part
+    (2, 17, 5, 39, 1, Window(3, 2, 1)),    # the same at stride 2, both right-border residues (w 39, 38 below)
+    (1, 18, 3, 38, 1, Window(3, 2, 1)),
+]
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", ODD_SIZES, ids=lambda c: "x".join(map(str, c[:5])) + "-" + c[5].short())
+def test_odd_sizes(case, layout, specialize):
+    n, c, h, w, multiplier, window = case
+    for dtype in DTYPES:
+        check_all_ops(n, c, h, w, multiplier, window, layout, dtype, specialize, seeded_rng("odd", case, layout, dtype))
+
+
+# ------------------------------------------------------------------------------------ the planner
+def _plan(shape, layout, groups, per_group=1, transposed=False, specialize=True, algorithm="auto", dtype="float32"):
+    """The family the planner picks for a depthwise-shaped call: x (N, C, H, W) in NCHW terms."""
+    n, c, h, w = shape
+    x_shape = shape if layout == "NCHW" else (n, h, w, c)
+    outer, inner = (c, per_group) if transposed else (groups * per_group, c // groups)
+    w_shape = (outer, inner, 3, 3) if layout == "NCHW" else (3, 3, inner, outer)
+    if transposed:
+        problem = transposed_problem(x_shape, w_shape, np.dtype(dtype), 2, 1, 1, groups, layout, 1)
+    else:
+        problem = conv_problem(x_shape, w_shape, np.dtype(dtype), 1, 1, 1, groups, layout)
+    return planner.plan(problem, specialize, settings().schedule(), algorithm).spec
+
+
+def test_auto_takes_depthwise_for_groups_equal_to_input_channels():
+    schedule = settings().schedule()
+    enough = schedule.depthwise_min_channels
+    assert _plan((2, enough, 9, 9), "NCHW", enough).family == "depthwise"
+    assert _plan((2, enough, 9, 9), "NCHW", enough, per_group=3).family == "depthwise"      # 3 filters per channel
+    assert _plan((2, enough, 9, 9), "NCHW", enough, specialize=False) == ConvSpec(None, "float32", "NCHW", "depthwise")
+    assert _plan((2, 2 * enough, 9, 9), "NCHW", enough).family == "direct"                  # 2 channels per group
+    assert _plan((2, enough - 1, 9, 9), "NCHW", enough - 1).family == "direct"              # too few channels
+    # NHWC runs its vectors along the filters: it takes depthwise once they fill half a vector.
+    lanes = schedule.lanes("float32")
+    filled = max(enough, lanes // 2)
+    assert _plan((2, filled, 9, 9), "NHWC", filled).family == "depthwise"
+    if lanes // 2 > enough:
+        assert _plan((2, lanes // 2 - 1, 9, 9), "NHWC", lanes // 2 - 1).family == "direct"
+    # A transposed call runs the input gradient of the convolution from its output back: depthwise
+    # when groups == its output channels (its input may have several channels per group).
+    assert _plan((2, 2 * enough, 9, 9), "NCHW", 2 * enough, transposed=True).family == "depthwise"
+    assert _plan((2, 2 * enough, 9, 9), "NCHW", enough, transposed=True).family == "depthwise"
+    assert _plan((2, enough, 9, 9), "NCHW", enough, per_group=2, transposed=True).family == "direct"
+    assert _plan((2, enough, 9, 9), "NCHW", enough, algorithm="direct").family == "direct"
+
+
+def test_algorithm_depthwise_says_why_it_cannot_compute_a_convolution():
+    assert _plan((1, 2, 5, 5), "NHWC", 2, algorithm="depthwise").family == "depthwise"   # forced: any size
+    with pytest.raises(ValueError, match=r"groups == input channels, got groups=2 and 4 input channels"):
+        _plan((1, 4, 5, 5), "NCHW", 2, algorithm="depthwise")
+    with pytest.raises(ValueError, match=r"groups == output channels, got groups=3 and 6 output channels"):
+        _plan((1, 3, 5, 5), "NCHW", 3, per_group=2, transposed=True, algorithm="depthwise")
+    x, w = np.zeros((1, 4, 5, 5), np.float32), np.zeros((4, 2, 3, 3), np.float32)
+    with pytest.raises(ValueError, match="algorithm='depthwise' cannot compute"):
+        convgen.conv2d(x, w, groups=2, algorithm="depthwise")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        convgen.conv2d(x, w, groups=2, algorithm="depthwize")
+
+
+# ---------------------------------------------------------------------------- identities, gradients
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("window", DEPTHWISE_WINDOWS, ids=Window.short)
+def test_adjoint_identities(window, layout, specialize):
+    """<conv2d(x, w), y> = <x, conv_transpose2d(y, w)> = <w, dW(y, x)>: the three kernels are adjoint."""
+    rng = seeded_rng("depthwise-adjoint", window, layout)
+    n, c, h, w, multiplier = 2, 5, 9, 12, 2
+    kw = _window_kwargs(window, c, layout)
+    x, weight, _ = _arrays(rng, n, c, h, w, multiplier, window, layout, np.float64)
+    conv = convgen.conv2d(x, weight, specialize=specialize, **kw, **DEPTHWISE)
+    y = rng.standard_normal(conv.shape)
+    transposed = convgen.conv_transpose2d(y, weight, output_padding=_output_padding(window, h, w),
+                                          specialize=specialize, **kw, **DEPTHWISE)
+    _, dw, _ = convgen.conv2d_backward(y, x, weight, specialize=specialize, **kw, **DEPTHWISE)
+    lhs, by_input, by_weight = float(np.sum(conv * y)), float(np.sum(x * transposed)), float(np.sum(weight * dw))
+    bound = float(np.linalg.norm(conv) * np.linalg.norm(y))
+    assert abs(lhs - by_input) <= 1e-12 * bound, (lhs, by_input)
+    assert abs(lhs - by_weight) <= 1e-12 * bound, (lhs, by_weight)
+
+
+@VARIANTS
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numerical_gradients(layout, specialize, threads):
+    """Central differences of L = <r, y> + |y|²/2 through convgen's own forward pass."""
+    threads(1)
+    window = Window(3, 2, 1)
+    rng = seeded_rng("depthwise-numeric", layout)
+    c = 3
+    kw = dict(_window_kwargs(window, c, layout), specialize=specialize, **DEPTHWISE)
+    x, weight, bias = _arrays(rng, 1, c, 5, 6, 2, window, layout, np.float64)
+    r = rng.standard_normal(convgen.conv2d(x, weight, bias, **kw).shape)
+
+    def loss():
+        y = convgen.conv2d(x, weight, bias, **kw)
+        return float(np.sum(r * y) + 0.5 * np.sum(y * y))
+
+    dx, dw, db = convgen.conv2d_backward(r + convgen.conv2d(x, weight, bias, **kw), x, weight, **kw)
+    for name, array, analytic in (("dx", x, dx), ("dw", weight, dw), ("db", bias, db)):
+        err = relative_error(numerical_gradient(loss, array, h=1e-3), analytic)
+        assert err < 1e-6, f"{name}: relative error {err:.3g} against central differences"
+
+
+# ---------------------------------------------------------------------------------------- threads
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_thread_count_gives_the_same_bits(layout, threads):
+    """Work items and the order of the weight gradient's partial sums depend on the sizes only."""
+    rng = seeded_rng("depthwise-threads", layout)
+    window, c = Window(3, 2, 1), 24
+    kw = dict(_window_kwargs(window, c, layout), **DEPTHWISE)
+    x, weight, bias = _arrays(rng, 4, c, 64, 59, 1, window, layout, np.float32)
+    problem = conv_problem(x.shape, weight.shape, x.dtype, window.stride, window.padding, window.dilation, c, layout)
+    kernels = kernels_for(problem, True, "depthwise")
+    results = []
+    for count in (1, 2, 3):
+        threads(count)
+        planned = {entry: kernels.threads(entry, problem) for entry in ("fwd", "bwd_data", "bwd_weight")}
+        assert all(t >= 2 for t in planned.values()) if count > 1 else set(planned.values()) == {1}, planned
+        y = convgen.conv2d(x, weight, bias, **kw)
+        results.append((y, *convgen.conv2d_backward(np.cos(y), x, weight, **kw)))
+    for name, first, *others in zip(("y", "dx", "dw", "db"), *results):
+        for other in others:
+            np.testing.assert_array_equal(first, other, err_msg=f"{name} differs between thread counts")
+    expected = reference.conv2d(x, weight, bias, **{k: v for k, v in kw.items() if k != "algorithm"})
+    assert_close(results[0][0], expected, np.float32, "forward")
+
+
+# ------------------------------------------------------------------------------- names and files
+def test_the_family_is_in_the_spec_text_and_symbols():
+    spec = ConvSpec(Window(3, 2, 1), "float32", "NHWC", "depthwise")
+    assert spec.name == "k3s2p1_depthwise_nhwc_float32"
+    generic = spec.generic()
+    assert generic == ConvSpec(None, "float32", "NHWC", "depthwise") and generic.name == "generic_depthwise_nhwc_float32"
+    for one in (spec, generic, ConvSpec(Window((3, 5), 1, ((0, 1), (2, 1)), 2), "float64", "NCHW", "depthwise")):
+        for entry in ("fwd", "bwd_data", "bwd_weight", "workspace", "threads"):
+            assert ConvSpec.from_symbol(one.symbol(entry)) == one
+    with pytest.raises(ValueError, match="tile is a Winograd parameter"):
+        ConvSpec(Window(3, 1, 1), family="depthwise", tile=4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_specialized_source_has_the_taps_written_out(layout):
+    """No window loop and no run-time window value: each tap a multiply-add with a weight register."""
+    source = render(ConvSpec(Window(3, 2, 1), "float32", layout, "depthwise"), settings().schedule()).source
+    for field in ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw"):
+        assert f"g->{field}" not in source
+    assert "for (int64_t i = 0; i <" not in source and "for (int64_t j = 0; j <" not in source
+    if layout == "NCHW":  # the filter in broadcast registers, tap 8 of 9 the last
+        assert "const vec_t w8 = vsplat(wf[8]);" in source and "w8 * vload(r" in source
+    else:  # tap 8's weight vector of each block, at a constant offset
+        assert f"vload(wb + {8 * settings().schedule().lanes('float32')})" in source
+    generic = render(ConvSpec(None, "float32", layout, "depthwise"), settings().schedule()).source
+    assert "g->kh" in generic and "g->dw" in generic
+
+
+def test_spec_files_build_the_depthwise_family_when_listed(tmp_path):
+    path = tmp_path / "set.toml"
+    path.write_text('[[set]]\nwindows = ["k3s1p1", "k5s2p2"]\nlayouts = ["NHWC"]\nalgorithms = ["depthwise"]\n')
+    assert load_spec_file(path) == [ConvSpec.parse("k3s1p1", layout="NHWC", family="depthwise"),
+                                    ConvSpec.parse("k5s2p2", layout="NHWC", family="depthwise"),
+                                    ConvSpec(None, layout="NHWC"), ConvSpec(None, layout="NHWC", family="depthwise")]
+    path.write_text('[[set]]\nwindows = ["k3s1p1"]\n')  # not among the defaults
+    assert all(spec.family != "depthwise" for spec in load_spec_file(path))
+
+
+def test_show_prints_the_depthwise_module(capsys):
+    assert cli.main(["show", "k5s2p2", "--algorithm", "depthwise", "--op", "backward", "--layout", "NHWC"]) == 0
+    out = capsys.readouterr().out
+    assert "cg_conv2d_bwd_data_k5s2p2_depthwise_nhwc_float32(" in out and "depthwise 2-D convolution" in out
+    assert "cg_conv2d_fwd_" not in out
+    assert cli.main(["show", "generic", "--algorithm", "depthwise", "--op", "forward"]) == 0
+    assert "cg_conv2d_fwd_generic_depthwise_nchw_float32(" in capsys.readouterr().out
