@@ -10,6 +10,7 @@ module that runs it (`convgen.ndspec`). Exit codes: 0 success, 1 failure,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import re
