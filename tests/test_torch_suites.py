@@ -43,7 +43,7 @@ from torch_samples import (CATEGORIES, DTYPES, FUNCTIONAL, LAYERS, all_samples, 
 
 # Categories of samples (torch_samples.CATEGORIES) whose convgen feature has not landed yet: their
 # tests are strict xfails. Empty it as the features arrive; nothing else may skip or expect a failure.
-PENDING = {"1d", "3d", "unbatched", "padding_mode"}
+PENDING = set()
 
 # Where each category's feature comes from (for the messages).
 PROVIDER = {"1d": "1-D ops and layers", "3d": "3-D ops and layers", "unbatched": "unbatched inputs",
