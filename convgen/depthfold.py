@@ -35,8 +35,6 @@ import numpy as np
 
 from .ndspec import DepthWindow
 
-PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
-
 
 def source_index(s: int, size: int, mode: str) -> int | None:
     """The input position that padded position s (s < 0 or s >= size) reads, or None for a zero."""
@@ -56,7 +54,10 @@ class DepthFold:
     window: DepthWindow
     size_in: int
     size_out: int
-    mode: str = "zeros"
+
+    @property
+    def mode(self) -> str:
+        return self.window.padding_mode
 
     def runs(self):
         """(tap, output slice, input slice or None) covering every (output depth, tap) pair once.
@@ -161,4 +162,4 @@ def batch_into_slices(planar: np.ndarray, layout: str, out: np.ndarray) -> np.nd
     return out
 
 
-__all__ = ["PADDING_MODES", "DepthFold", "source_index", "slices_as_batch", "batch_into_slices"]
+__all__ = ["DepthFold", "source_index", "slices_as_batch", "batch_into_slices"]

@@ -289,14 +289,7 @@ class ConvTranspose2d(_TransposedConvolution):
                          padding_mode, dtype, layout, specialize, algorithm, rng)
 
 
-class _NdOpKeywords:
-    """The 1-D and 3-D ops take padding_mode."""
-
-    def _op_kwargs(self):
-        return dict(super()._op_kwargs(), padding_mode=self.padding_mode)
-
-
-class Conv1d(_NdOpKeywords, _Convolution):
+class Conv1d(_Convolution):
     """A 1-D convolution layer (as `torch.nn.Conv1d`): layout "NCL" (x (N, C, L), weight
     (out_channels, in_channels/groups, K)) or "NLC" (x (N, L, C), weight (K, in_channels/groups,
     out_channels)); x may be one unbatched (C, L) / (L, C) sequence. Arguments as `Conv2d`, one
@@ -313,7 +306,7 @@ class Conv1d(_NdOpKeywords, _Convolution):
                          padding_mode, dtype, layout, specialize, algorithm, rng)
 
 
-class Conv3d(_NdOpKeywords, _Convolution):
+class Conv3d(_Convolution):
     """A 3-D convolution layer (as `torch.nn.Conv3d`): layout "NCDHW" (x (N, C, D, H, W), weight
     (out_channels, in_channels/groups, KD, KH, KW)) or "NDHWC" (x (N, D, H, W, C), weight (KD, KH, KW,
     in_channels/groups, out_channels)); x may be one unbatched (C, D, H, W) / (D, H, W, C) volume.
@@ -330,7 +323,7 @@ class Conv3d(_NdOpKeywords, _Convolution):
                          padding_mode, dtype, layout, specialize, algorithm, rng)
 
 
-class ConvTranspose1d(_NdOpKeywords, _TransposedConvolution):
+class ConvTranspose1d(_TransposedConvolution):
     """A transposed 1-D convolution layer (as `torch.nn.ConvTranspose1d`): weight (in_channels,
     out_channels/groups, K) for "NCL", (K, out_channels/groups, in_channels) for "NLC". Arguments as
     `ConvTranspose2d`, in torch's order, run by `convgen.conv_transpose1d`.
@@ -347,7 +340,7 @@ class ConvTranspose1d(_NdOpKeywords, _TransposedConvolution):
                          padding_mode, dtype, layout, specialize, algorithm, rng)
 
 
-class ConvTranspose3d(_NdOpKeywords, _TransposedConvolution):
+class ConvTranspose3d(_TransposedConvolution):
     """A transposed 3-D convolution layer (as `torch.nn.ConvTranspose3d`): weight (in_channels,
     out_channels/groups, KD, KH, KW) for "NCDHW", (KD, KH, KW, out_channels/groups, in_channels) for
     "NDHWC". Arguments as `ConvTranspose2d`, in torch's order, run by `convgen.conv_transpose3d`.

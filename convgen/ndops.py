@@ -22,17 +22,11 @@ import numpy as np
 
 from . import ops, planner
 from .batching import accepts_unbatched
-from .depthfold import PADDING_MODES, DepthFold, batch_into_slices, slices_as_batch
+from .depthfold import DepthFold, batch_into_slices, slices_as_batch
 from .ndspec import AXES, PLANAR_LAYOUT, NdWindow, as_rank_layout, as_values, explicit_padding
-from .resolve import (array_names, as_flag, c_array, check_new_array, common_dtype, groups_dividing, result_array,
-                      split_out)
+from .resolve import (array_names, as_flag, as_padding_mode, c_array, check_new_array, common_dtype, groups_dividing,
+                      result_array, split_out)
 from .spec import WINOGRAD_WINDOW_TEXT, as_int, winograd_computes
-
-
-def as_padding_mode(value) -> str:
-    if isinstance(value, str) and value.lower() in PADDING_MODES:
-        return value.lower()
-    raise ValueError(f"padding_mode must be one of {', '.join(repr(m) for m in PADDING_MODES)}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +45,6 @@ class NdCall:
     groups: int
     window: NdWindow
     output_padding: tuple
-    padding_mode: str
 
     @property
     def rank(self) -> int:
@@ -79,8 +72,7 @@ class NdCall:
                         layout=PLANAR_LAYOUT[self.layout])
         if self.transposed:
             keywords["output_padding"] = (0, *self.output_padding) if self.rank == 1 else self.output_padding[1:]
-        if self.padding_mode != "zeros" and window.padding != ((0, 0), (0, 0)):  # else the mode reads nothing
-            keywords["padding_mode"] = self.padding_mode
+        keywords["padding_mode"] = window.padding_mode  # ("zeros" where the 2-D window has no padding)
         return keywords
 
 
@@ -158,7 +150,7 @@ def resolve_nd(op, rank, arrays, stride, padding, dilation, groups, layout, outp
             raise ValueError(f"w expects {inner} input channels per group ({inner * groups} in all with "
                              f"groups={groups}), but x has {c}")
     kernel = as_values("kernel_size", tuple(kernel), rank)
-    window = NdWindow.resolve(kernel, stride, padding, dilation, sizes, transposed)
+    window = NdWindow.resolve(kernel, stride, padding, dilation, sizes, transposed, padding_mode)
     if transposed:
         out_pad = as_output_padding_nd(output_padding, window.stride, window.dilation, padding, rank)
         if explicit_padding(padding, rank) == "same":
@@ -168,7 +160,7 @@ def resolve_nd(op, rank, arrays, stride, padding, dilation, groups, layout, outp
         out_pad = (0,) * rank
         out_sizes = window.output_size(sizes)
     _check_padding_mode(padding_mode, window, sizes)
-    call = NdCall(op, layout, dtype, n, c, tuple(sizes), f, out_sizes, groups, window, out_pad, padding_mode)
+    call = NdCall(op, layout, dtype, n, c, tuple(sizes), f, out_sizes, groups, window, out_pad)
     if op.endswith("_backward"):
         if checked["dy"].shape != call.output_shape:
             raise ValueError(f"dy must have shape {call.output_shape} (the output of {op[:-9]}), "
@@ -231,8 +223,8 @@ def _fold(call) -> DepthFold:
     """The depth fold of the convolution that computes `call` (transposed: the one from its output back)."""
     depth = call.window.lower()[0]
     if call.transposed:
-        return DepthFold(depth, call.out_sizes[0], call.sizes[0], call.padding_mode)
-    return DepthFold(depth, call.sizes[0], call.out_sizes[0], call.padding_mode)
+        return DepthFold(depth, call.out_sizes[0], call.sizes[0])
+    return DepthFold(depth, call.sizes[0], call.out_sizes[0])
 
 
 def _folded_weights(w, layout):
@@ -415,5 +407,4 @@ def conv_transpose3d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
 
 
 __all__ = ["conv1d", "conv1d_backward", "conv_transpose1d", "conv_transpose1d_backward", "conv3d", "conv3d_backward",
-           "conv_transpose3d", "conv_transpose3d_backward", "NdCall", "resolve_nd", "as_padding_mode",
-           "as_output_padding_nd"]
+           "conv_transpose3d", "conv_transpose3d_backward", "NdCall", "resolve_nd", "as_output_padding_nd"]

@@ -11,6 +11,7 @@ every axis or one per axis, joined by "x":
     k9s2p4          1-D (layout NCL or NLC): kernel 9, stride 2, padding 4; p3_4 pads 3 before, 4 after
     k3x3x3s1p1      3-D: 3×3×3, stride 1, padding 1 on every side; k3s1p1 with a 3-D layout is the same
     k3x5x5s1x2x2p1x2x2d2x1x1   depth, height, width values in that order
+    k9s1p4reflect   a padding mode other than zeros at the end, as in 2-D (k3s1p1reflect)
 
 The rank comes from the layout (NCL/NLC 1-D, NCHW/NHWC 2-D, NCDHW/NDHWC 3-D); a text with three
 values is 3-D whatever the layout's default.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .spec import ConvSpec, Window, _same_pads, as_int, cached_hash, state_without_hash
+from .spec import PADDING_MODES, ConvSpec, Window, _same_pads, as_int, cached_hash, state_without_hash
 
 # Layouts by spatial rank, channels-first then channels-last, and the 2-D layout each runs on.
 LAYOUTS = {1: ("NCL", "NLC"), 2: ("NCHW", "NHWC"), 3: ("NCDHW", "NDHWC")}
@@ -91,6 +92,7 @@ class DepthWindow:
     stride: int
     padding: tuple[int, int]
     dilation: int
+    padding_mode: str = "zeros"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +100,15 @@ class NdWindow:
     """Geometry of a 1-D, 2-D or 3-D sliding window: one value per axis (depth, height, width order).
 
     kernel, stride and dilation are tuples of positive ints; padding one (before, after) pair of
-    non-negative ints per axis.
+    non-negative ints per axis; padding_mode what the padding holds on every axis (one of
+    PADDING_MODES; "zeros" without padding, as `Window`).
     """
 
     kernel: tuple[int, ...]
     stride: tuple[int, ...]
     padding: tuple[tuple[int, int], ...]
     dilation: tuple[int, ...]
+    padding_mode: str = "zeros"
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -120,13 +124,18 @@ class NdWindow:
         if isinstance(padding, str):
             raise ValueError("an NdWindow needs explicit padding; resolve 'same'/'valid' with NdWindow.resolve")
         object.__setattr__(self, "padding", padding)
+        if not isinstance(self.padding_mode, str) or self.padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, "
+                             f"got {self.padding_mode!r}")
+        if padding == ((0, 0),) * rank:
+            object.__setattr__(self, "padding_mode", "zeros")
 
     @property
     def rank(self) -> int:
         return len(self.kernel)
 
     @classmethod
-    def resolve(cls, kernel, stride, padding, dilation, sizes, transposed=False) -> "NdWindow":
+    def resolve(cls, kernel, stride, padding, dilation, sizes, transposed=False, padding_mode="zeros") -> "NdWindow":
         """Build a window, turning "same"/"valid" into explicit pads for an input of `sizes`.
 
         Transposed "same" means an output of exactly input·stride, as in 2-D (`Window.resolve`).
@@ -139,7 +148,7 @@ class NdWindow:
         elif pads == "same":
             targets = [n * s for n, s in zip(sizes, stride)] if transposed else sizes
             pads = tuple(_same_pads(n, k, s, d) for n, k, s, d in zip(targets, kernel, stride, dilation))
-        return cls(tuple(kernel), stride, pads, dilation)
+        return cls(tuple(kernel), stride, pads, dilation, padding_mode)
 
     @property
     def effective_kernel(self) -> tuple[int, ...]:
@@ -176,7 +185,8 @@ class NdWindow:
 
     # ---------------------------------------------------------------------------------- text form
     def short(self) -> str:
-        """The compact text form that `NdWindow.parse` reads back, e.g. k9s2p4, k3x3x3s1p1, k3x3x3s1p0_1x1x1.
+        """The compact text form that `NdWindow.parse` reads back, e.g. k9s2p4, k3x3x3s1p1, k3x3x3s1p0_1x1x1,
+        k9s1p4reflect.
 
         A 3-D kernel is always written with its three sizes, so the text alone says it is 3-D.
         """
@@ -185,19 +195,23 @@ class NdWindow:
         sides = [str(b) if b == a else f"{b}_{a}" for b, a in self.padding]
         kernel = "x".join(str(k) for k in self.kernel) if self.rank == 3 else joined(self.kernel)
         text = f"k{kernel}s{joined(self.stride)}p{joined(sides)}"
-        return text if set(self.dilation) == {1} else f"{text}d{joined(self.dilation)}"
+        text = text if set(self.dilation) == {1} else f"{text}d{joined(self.dilation)}"
+        return text if self.padding_mode == "zeros" else f"{text}{self.padding_mode}"
 
     @classmethod
     def parse(cls, text: str, rank: int | None = None) -> "NdWindow":
         """Read the compact form for `rank` axes (None: 3 if any part has three values, else an error).
 
         Each part holds one value (for every axis) or one per axis joined by "x"; a padding value is
-        n or before_after. Omitted parts are stride 1, padding 0, dilation 1.
+        n or before_after; a padding mode may end the text. Omitted parts are stride 1, padding 0,
+        dilation 1, zero padding.
         """
         match = _TEXT.fullmatch(text.strip().lower()) if isinstance(text, str) else None
         if match is None:
             raise ValueError(f"cannot read {text!r} as a window: expected e.g. k9s2p4 (1-D), k3x3x3s1p1 (3-D)")
-        parts = {name: value.split("x") if value else None for name, value in match.groupdict().items()}
+        groups = match.groupdict()
+        mode = groups.pop("mode") or "zeros"
+        parts = {name: value.split("x") if value else None for name, value in groups.items()}
         counts = {len(v) for v in parts.values() if v is not None}
         if rank is None:
             if 3 not in counts:
@@ -218,27 +232,30 @@ class NdWindow:
             before, _, after = value.partition("_")
             return (int(before), int(after or before))
 
-        return cls(values("k", 1), values("s", 1), values("p", (0, 0), sides), values("d", 1))
+        return cls(values("k", 1), values("s", 1), values("p", (0, 0), sides), values("d", 1), mode)
 
     # ------------------------------------------------------------------------------------ lowering
     def lower(self) -> tuple[DepthWindow | None, Window]:
         """(the depth window or None, the 2-D window whose kernels compute this one).
 
         1-D: the 2-D window of one row (kernel 1 × k). 2-D: itself. 3-D: the height × width window,
-        with the depth window the fold handles (`convgen.depthfold`).
+        with the depth window the fold handles (`convgen.depthfold`). The padding mode goes to both
+        (a window without padding drops it).
         """
+        mode = self.padding_mode
         if self.rank == 1:
             return None, Window((1, self.kernel[0]), (1, self.stride[0]), ((0, 0), self.padding[0]),
-                                (1, self.dilation[0]))
+                                (1, self.dilation[0]), mode)
         depth = None
         if self.rank == 3:
-            depth = DepthWindow(self.kernel[0], self.stride[0], self.padding[0], self.dilation[0])
-        return depth, Window(self.kernel[-2:], self.stride[-2:], self.padding[-2:], self.dilation[-2:])
+            depth = DepthWindow(self.kernel[0], self.stride[0], self.padding[0], self.dilation[0],
+                                mode if self.padding[0] != (0, 0) else "zeros")
+        return depth, Window(self.kernel[-2:], self.stride[-2:], self.padding[-2:], self.dilation[-2:], mode)
 
 
 _VALUES = r"\d+(?:x\d+)*"
 _TEXT = re.compile(rf"k(?P<k>{_VALUES})(?:s(?P<s>{_VALUES}))?(?:p(?P<p>\d+(?:_\d+)?(?:x\d+(?:_\d+)?)*))?"
-                   rf"(?:d(?P<d>{_VALUES}))?")
+                   rf"(?:d(?P<d>{_VALUES}))?(?P<mode>{'|'.join(PADDING_MODES)})?")
 
 
 def window_rank(text: str) -> int | None:
@@ -246,7 +263,7 @@ def window_rank(text: str) -> int | None:
     match = _TEXT.fullmatch(text.strip().lower()) if isinstance(text, str) else None
     if match is None:
         return None
-    return 3 if any(v and v.count("x") == 2 for v in match.groupdict().values()) else None
+    return 3 if any(v and v.count("x") == 2 for name, v in match.groupdict().items() if name != "mode") else None
 
 
 def lowered_spec(text: str, dtype: str = "float32", layout: str = "NCHW", family: str = "direct",

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 # (class name, positional arguments as torch takes them, x shape channels-first)
 CASES = [
     ("Conv1d", (4, 6, 3, 2, 1, 2, 2, True, "zeros"), (2, 4, 11)),              # ..., dilation 2, groups 2
+    ("Conv1d", (4, 6, 4, 1, (2,), 1, 1, True, "reflect"), (1, 4, 9)),
+    ("Conv3d", (4, 6, (3, 2, 3), 1, (1, 1, 2), 1, 2, False, "circular"), (2, 4, 4, 5, 5)),
     ("ConvTranspose1d", (4, 6, 3, 2, 1, 1, 2, False, 2, "zeros"), (2, 4, 5)),  # ..., op 1, groups 2, dilation 2
     ("Conv3d", (4, 6, (3, 2, 3), (1, 2, 1), (1, 0, 1), 1, 2), (2, 4, 4, 5, 5)),
     ("ConvTranspose3d", (4, 6, (3, 2, 3), (2, 1, 1), 1, (1, 0, 0), 2, True, (1, 2, 1)), (2, 4, 3, 4, 3)),
@@ -24,7 +26,7 @@ def _channels_last(a, weight=False):
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["channels-first", "channels-last"])
-@pytest.mark.parametrize("name, args, x_shape", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, args, x_shape", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_same_positional_call_same_layer_as_torch(name, args, x_shape, channels_last):
     theirs = getattr(torch.nn, name)(*args).double()
     layout = {3: ("NCL", "NLC"), 5: ("NCDHW", "NDHWC")}[len(x_shape)][channels_last]
@@ -64,7 +66,7 @@ def _channels_last_back(a):
     return a.transpose(0, r + 1, *range(1, r + 1))
 
 
-@pytest.mark.parametrize("name, args, x_shape", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, args, x_shape", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_unbatched_input(name, args, x_shape):
     layer = getattr(convgen, name)(*args, dtype=np.float64, rng=0)
     x = np.random.default_rng(2).standard_normal(x_shape)

@@ -175,6 +175,47 @@ def test_3d_depth_padding_modes(layout, mode):
     _assert_all_close(got, expected, "float64", f"{mode} {layout}")
 
 
+MODE_CASES = [NdCase("modes-1d", 2, 4, (9,), 6, (3,), 2, ((2, 1),), 2, 2),
+              NdCase("modes-3d", 2, 4, (5, 6, 5), 6, (3, 3, 2), (1, 2, 1), ((2, 1), 1, (0, 1)), (2, 1, 1), 2)]
+
+
+def _mode_grid():
+    found = []
+    for case in MODE_CASES:
+        for i, mode in enumerate(("reflect", "replicate", "circular")):
+            for j, layout in enumerate(LAYOUTS[case.rank]):
+                for dtype in DTYPES:
+                    # Each mode is a kernel of its own: specialized in one layout and dtype per mode.
+                    for specialize in (False, True) if (i + j + DTYPES.index(dtype)) % 4 == 0 else (False,):
+                        found.append(pytest.param(case, mode, layout, dtype, specialize,
+                                                  id=f"{case}-{mode}-{layout}-{dtype}-{'spec' if specialize else 'gen'}"))
+    return found
+
+
+@pytest.mark.parametrize("case, mode, layout, dtype, specialize", _mode_grid())
+def test_padding_modes_match_reference(case, mode, layout, dtype, specialize):
+    """Every axis reads the reflected, replicated or wrapped border: along length, height and width
+    the 2-D kernels' padding, along depth the fold's; gradients go back where the border came from."""
+    rng = seeded_rng("modes", case.name, mode, layout, dtype)
+    got, expected = _run_both(case, False, layout, dtype, rng, padding_mode=mode, specialize=specialize)
+    _assert_all_close(got, expected, dtype, f"{case} {mode} {layout} {dtype}")
+
+
+def test_winograd_takes_a_depth_padding_mode_but_not_a_planar_one():
+    """The fold pads depth itself, so a 3×3 height × width window without padding there still runs on
+    Winograd with any depth padding mode; with height and width padded it is direct code (as in 2-D)."""
+    case = NdCase("wino-modes", 1, 4, (5, 6, 6), 4, (3, 3, 3), 1, ((1, 1), 0, 0))
+    rng = seeded_rng("wino-modes")
+    got, expected = _run_both(case, False, "NCDHW", "float64", rng, padding_mode="reflect", algorithm="winograd")
+    _assert_all_close(got, expected, "float64", "winograd, reflect in depth")
+    x, w, _ = case.arrays(rng, "NCDHW", "float64", False)
+    with pytest.raises(ValueError, match=r"algorithm='winograd' cannot compute conv3d with window "
+                                         r"k3x3x3s1p1reflect: Winograd computes 3-D windows"):
+        convgen.conv3d(x, w, padding=1, padding_mode="reflect", algorithm="winograd")
+    auto = convgen.conv3d(x, w, padding=1, padding_mode="reflect")
+    assert_close(auto, reference.conv3d(x, w, padding=1, padding_mode="reflect"), "float64", "auto: direct")
+
+
 # ------------------------------------------------------------------------------- PyTorch itself
 @pytest.mark.parametrize("rank", [1, 3])
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
@@ -330,6 +371,10 @@ def _bad_cases():
             yield pytest.param(op, mutate, exc, match, id=f"{op}-{match[:30]}")
     more = [
         ("conv1d", _with(padding=(1, 2)), ValueError, r"per-side padding of a 1-D convolution is \(\(before, after\),\)"),
+        ("conv1d", _with(padding=13, padding_mode="reflect"), ValueError,
+         r"padding_mode='reflect' needs padding smaller than the input along l \(13\)"),
+        ("conv3d", _with(padding=(0, 8, 0), padding_mode="circular"), ValueError,
+         r"padding_mode='circular' needs padding at most the input along h \(7\)"),
         ("conv1d", lambda a, kw: a.__setitem__(1, a[1][:, :1]), ValueError, r"w expects 1 input channels per group"),
         ("conv1d", _with(padding=0, dilation=9), ValueError, r"kernel extent 37 along l"),
         ("conv3d", _with(stride=(1, 1, 0)), ValueError, r"stride\[2\] must be >= 1"),

@@ -17,6 +17,8 @@ ROUND_TRIPS = [
     ("k3x3x3s1p1", 3, NdWindow((3, 3, 3), (1, 1, 1), ((1, 1),) * 3, (1, 1, 1))),
     ("k3x5x5s1x2x2p1x2_3x2d2x1x1", 3, NdWindow((3, 5, 5), (1, 2, 2), ((1, 1), (2, 3), (2, 2)), (2, 1, 1))),
     ("k1x3x3s1p0", 3, NdWindow((1, 3, 3), 1, 0, 1)),
+    ("k9s1p4reflect", 1, NdWindow((9,), 1, 4, 1, "reflect")),
+    ("k3x3x3s1p1_0x0x1circular", 3, NdWindow((3, 3, 3), 1, ((1, 0), 0, 1), 1, "circular")),
 ]
 
 
@@ -27,6 +29,17 @@ def test_text_form_reads_back(text, rank, window):
     assert NdWindow.parse(window.short(), rank) == window
     if rank == 3:  # three values say the rank alone
         assert window_rank(text) == 3 and NdWindow.parse(text) == window
+
+
+def test_padding_modes_in_the_text_and_the_lowered_window():
+    assert NdWindow((3,), 1, 0, 1, "reflect").padding_mode == "zeros"  # nothing to pad: the same kernel
+    assert lowered_spec("k9s1p4replicate", layout="NCL").window == Window((1, 9), 1, ((0, 0), (4, 4)), 1, "replicate")
+    # 3-D: the mode goes to the height × width window only where it has padding (depth is the fold's).
+    depth, planar = NdWindow.parse("k3x3x3s1p1x0x0reflect").lower()
+    assert planar == Window((3, 3)) and depth.padding_mode == "reflect"
+    assert NdWindow.parse("k3x3x3s1p1circular").lower()[1].short() == "k3s1p1circular"
+    with pytest.raises(ValueError, match="padding_mode must be one of"):
+        NdWindow((3,), 1, 1, 1, "mirror")
 
 
 def test_short_forms_expand_to_every_axis():
