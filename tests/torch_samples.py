@@ -51,8 +51,9 @@ LAYER_POSITIONAL = {
     False: ("stride", "padding", "dilation", "groups", "bias", "padding_mode"),
     True: ("stride", "padding", "output_padding", "groups", "bias", "dilation", "padding_mode"),
 }
-# How many leading positional arguments convgen's 2-D layers took in torch's order before issue 12
-# (Conv2d: through bias; ConvTranspose2d: through output_padding); the rest is "torch_positional_order".
+# The leading positional arguments any layer in torch's spirit takes alike (Conv: through bias;
+# ConvTranspose: through output_padding); past them only torch's exact order ("torch_positional_order")
+# gives the same layer (dilation after bias in ConvTranspose, padding_mode ninth in Conv).
 _ORDER_AGREED = {False: 8, True: 6}
 
 
@@ -74,7 +75,7 @@ class Sample:
     ("Conv2d", "ConvTranspose1d"). x is torch's input (N, C, *spatial) or unbatched (C, *spatial);
     weight and bias are the function's arguments or the layer's parameters as torch initialized
     them (bias None: none). kwargs are the function's keywords or the layer constructor's, args
-    the layer constructor's positional arguments after nothing (in_channels first).
+    the layer constructor's positional arguments (in_channels first).
     """
 
     id: str
@@ -86,8 +87,7 @@ class Sample:
     bias: np.ndarray | None
     kwargs: dict
     args: tuple = ()
-    output_shape: tuple | None = None  # the output shape the suite itself expects, where it says
-    error: str | None = None           # error inputs: what torch says
+    error: str | None = None  # error inputs: what torch says
 
     @property
     def layer(self) -> bool:
@@ -152,6 +152,7 @@ class Sample:
 
 # ------------------------------------------------------------------------------------------ op_db
 def _opinfos():
+    """The six functions' OpInfos, in FUNCTIONAL's order."""
     found = {op.name.split(".")[-1]: op for op in op_db
              if op.name.startswith("nn.functional.") and op.name.split(".")[-1] in FUNCTIONAL}
     missing = set(FUNCTIONAL) - set(found)
@@ -198,9 +199,9 @@ def op_db_error_samples() -> list[Sample]:
     return samples
 
 
-def unsupported_dtype_samples() -> list[tuple[Sample, str]]:
+def unsupported_dtype_samples() -> list[Sample]:
     """The first sample of each function in every dtype torch computes on the CPU that NumPy holds
-    but convgen does not (float16, complex, integers): (sample, dtype name)."""
+    but convgen does not (float16, complex, integers); its dtype field names that dtype."""
     samples = []
     for opinfo in _opinfos():
         name = opinfo.name.split(".")[-1]
@@ -215,12 +216,12 @@ def unsupported_dtype_samples() -> list[tuple[Sample, str]]:
 
 
 # ------------------------------------------------------------------------------------ the layers
-def _layer(suite, name, cls, args, kwargs, x, dtype, output_shape=None) -> Sample:
+def _layer(suite, name, cls, args, kwargs, x, dtype) -> Sample:
     """A layer Sample: torch's module built from these arguments (seeded) lends its weight and bias."""
     torch.manual_seed(seed(suite, name, dtype, "weights"))
     module = getattr(torch.nn, cls)(*args, **kwargs, dtype=DTYPES[dtype])
     return Sample(f"{suite}-{name}-{dtype}", suite, cls, dtype, numpy(x), numpy(module.weight), numpy(module.bias),
-                  dict(kwargs), tuple(args), output_shape)
+                  dict(kwargs), tuple(args))
 
 
 def module_db_samples(dtype: str) -> list[Sample]:
@@ -273,7 +274,7 @@ def common_nn_samples(dtype: str) -> list[Sample]:
         cls, args, kwargs = _constructor_call(test)
         torch.manual_seed(seed("common_nn", name, dtype, "input"))
         x = torch.randn(test["input_size"], dtype=DTYPES[dtype])
-        samples.append(_layer("common_nn", name, cls, args, kwargs, x, dtype, test.get("output_size")))
+        samples.append(_layer("common_nn", name, cls, args, kwargs, x, dtype))
     return samples
 
 
