@@ -2,8 +2,8 @@
 
 A grid of windows (kernel, stride, every padding form, dilation, groups, output padding) runs in both
 layouts and dtypes, specialized and generic; 3-D with Winograd forced where its height × width window
-allows it; depth padding modes; unbatched input; out=; and the arguments each op must refuse, with a
-message naming them. The 1-D cases lower to 2-D windows of one row (compiled up front by a fixture);
+allows it; padding modes on every axis (depth: the fold's; the others: the 2-D kernels'); unbatched
+input; out=; and the arguments each op must refuse, with a message naming them. The 1-D cases lower to 2-D windows of one row (compiled up front by a fixture);
 the 3-D cases' height × width windows are windows of tests/grid.py, which conftest prebuilds.
 """
 
