@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .spec import PADDING_MODES, ConvSpec, Window, _same_pads, as_int, cached_hash, state_without_hash
+from .spec import PADDING_MODES, ConvSpec, Window, same_pads, as_int, cached_hash, state_without_hash
 
 # Layouts by spatial rank, channels-first then channels-last, and the 2-D layout each runs on.
 LAYOUTS = {1: ("NCL", "NLC"), 2: ("NCHW", "NHWC"), 3: ("NCDHW", "NDHWC")}
@@ -147,7 +147,7 @@ class NdWindow:
             pads = ((0, 0),) * rank
         elif pads == "same":
             targets = [n * s for n, s in zip(sizes, stride)] if transposed else sizes
-            pads = tuple(_same_pads(n, k, s, d) for n, k, s, d in zip(targets, kernel, stride, dilation))
+            pads = tuple(same_pads(n, k, s, d) for n, k, s, d in zip(targets, kernel, stride, dilation))
         return cls(tuple(kernel), stride, pads, dilation, padding_mode)
 
     @property

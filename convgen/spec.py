@@ -94,7 +94,7 @@ def explicit_padding(padding) -> tuple[tuple[int, int], tuple[int, int]] | str:
     return ((v, v), (v, v))
 
 
-def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
+def same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
     """TensorFlow's "same": output ceil(size / s); the odd extra pad goes after (bottom/right)."""
     out = -(-size // s)
     total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
@@ -175,7 +175,7 @@ class Window:
             pads = ((0, 0), (0, 0))
         elif pads == "same":
             sizes = [n * s for n, s in zip(input_hw, stride)] if transposed else input_hw
-            pads = tuple(_same_pads(n, k, s, d) for n, k, s, d in zip(sizes, kernel, stride, dilation))
+            pads = tuple(same_pads(n, k, s, d) for n, k, s, d in zip(sizes, kernel, stride, dilation))
         return cls(kernel, stride, pads, dilation, padding_mode)
 
     @property
