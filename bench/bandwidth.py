@@ -9,14 +9,10 @@ arrays. The bandwidth is the best of many passes, as bench/peak.py keeps the bes
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-import cffi
-
-from convgen.build import find_compiler
+from peak import load_loop
 
 SOURCE = Path(__file__).resolve().parent / "stream.c"
 CDEF = """
@@ -33,16 +29,7 @@ class BandwidthMeter:
 
     def __init__(self, threads: int, mib: int = 128):
         self.threads = threads
-        self._dir = tempfile.TemporaryDirectory(prefix="convgen-stream-")
-        library = Path(self._dir.name) / "stream.so"
-        command = [find_compiler(), "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", str(SOURCE),
-                   "-o", str(library)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if result.returncode != 0:
-            raise RuntimeError(f"compiling the streaming loop failed:\n$ {' '.join(command)}\n{result.stderr}")
-        self._ffi = cffi.FFI()
-        self._ffi.cdef(CDEF)
-        self._lib = self._ffi.dlopen(str(library))
+        self._dir, self._ffi, self._lib = load_loop(SOURCE, CDEF, "-O3", "the streaming loop")
         if not self._lib.stream_alloc(mib << 18, threads):  # mib MiB of 4-byte floats
             raise MemoryError(f"the streaming loop could not allocate 2 × {mib} MiB")
         self.best = {1: 0.0, threads: 0.0}

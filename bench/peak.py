@@ -17,6 +17,21 @@ import cffi
 from convgen.build import find_compiler
 
 SOURCE = Path(__file__).resolve().parent / "fma_peak.c"
+
+
+def load_loop(source: Path, cdef: str, optimization: str, what: str):
+    """Compile one of the bench's measuring loops (a C file beside this one) into a temporary
+    directory and open it: (the directory, to keep alive while the library is used, ffi, lib)."""
+    directory = tempfile.TemporaryDirectory(prefix=f"convgen-{source.stem}-")
+    library = Path(directory.name) / f"{source.stem}.so"
+    command = [find_compiler(), optimization, "-march=native", "-fopenmp", "-fPIC", "-shared", str(source),
+               "-o", str(library)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {what} failed:\n$ {' '.join(command)}\n{result.stderr}")
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    return directory, ffi, ffi.dlopen(str(library))
 CDEF = """
 const char *fma_isa(void);
 double fma_flops_per_thread(int64_t iters);
@@ -33,16 +48,7 @@ class PeakMeter:
 
     def __init__(self, threads: int, seconds: float = 0.1):
         self.threads, self.seconds = threads, seconds
-        self._dir = tempfile.TemporaryDirectory(prefix="convgen-peak-")
-        library = Path(self._dir.name) / "fma_peak.so"
-        command = [find_compiler(), "-O2", "-march=native", "-fopenmp", "-fPIC", "-shared", str(SOURCE),
-                   "-o", str(library)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if result.returncode != 0:
-            raise RuntimeError(f"compiling the FMA peak loop failed:\n$ {' '.join(command)}\n{result.stderr}")
-        self._ffi = cffi.FFI()
-        self._ffi.cdef(CDEF)
-        self._lib = self._ffi.dlopen(str(library))
+        self._dir, self._ffi, self._lib = load_loop(SOURCE, CDEF, "-O2", "the FMA peak loop")
         self.isa = self._ffi.string(self._lib.fma_isa()).decode()
         self.best = {1: 0.0, threads: 0.0}
         self.samples = 0
