@@ -99,6 +99,9 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "DOT_F": int(schedule.dot_filters),
         "DOT_K": int(schedule.dot_columns),
         "MAX_UNROLLED_WINDOW": MAX_UNROLLED_WINDOW,
+        "NHWC_ROWS": [int(r) for r in schedule.nhwc_rows],
+        "NHWC_MIN_WORK": int(schedule.nhwc_min_work),
+        "NHWC_DX_VECTOR_SHARE": int(schedule.nhwc_dx_vector_share),
     }
     if spec.specialized:
         w = spec.window
