@@ -99,9 +99,10 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "DOT_F": int(schedule.dot_filters),
         "DOT_K": int(schedule.dot_columns),
         "MAX_UNROLLED_WINDOW": MAX_UNROLLED_WINDOW,
-        "NHWC_ROWS": [int(r) for r in schedule.nhwc_rows],
-        "NHWC_MIN_WORK": int(schedule.nhwc_min_work),
-        "NHWC_DX_VECTOR_SHARE": int(schedule.nhwc_dx_vector_share),
+        "PIXEL_ROWS": [int(r) for r in schedule.pixel_rows],
+        "ROWS_MIN_WORK": int(schedule.pixel_rows_min_work),
+        "ROWS_DX_VECTOR_SHARE": int(schedule.pixel_rows_dx_vector_share),
+        "ROWS_NCHW_MAX_PIXELS": int(schedule.pixel_rows_nchw_max_pixels),
     }
     if spec.specialized:
         w = spec.window

@@ -59,18 +59,21 @@ class Schedule:
     # module. The depthwise kernels are faster there too (AVX-512, 3-8 channels: forward 3x,
     # backward 10-20x): algorithm="depthwise", or configure(depthwise_min_channels=1), takes them.
     depthwise_min_channels: int = 8
-    # Native NHWC kernels (templates/direct/nhwc.c.j2): rows (pixels, or channels in the weight
-    # gradient) of a tile that is 1, 2, ... vectors of channels wide; each call takes the width that
-    # wastes the fewest lanes on its channel count. Rows x vectors accumulators, the vectors of B and
-    # a broadcast fit the register file, and the rows' pointers the general registers.
-    nhwc_rows: tuple[int, ...] = (12, 6, 4)
-    # Layers with very few channels keep the phase-plane kernels in NHWC too (pixels in the lanes):
-    # the forward pass and dW below nhwc_min_work = cg × fg multiply-adds per tap and pixel, the input
-    # gradient when its channels fill less than 1 / nhwc_dx_vector_share of a vector (measured in
-    # templates/direct/nhwc.c.j2). configure(nhwc_min_work=1, nhwc_dx_vector_share=64) forces the
-    # native kernels on every layer (the tests do).
-    nhwc_min_work: int = 128
-    nhwc_dx_vector_share: int = 2
+    # Pixel-row kernels (templates/direct/rows.c.j2; every NHWC op, NCHW forward and dx of small
+    # images): rows (pixels, or channels in the weight gradient) of a tile 1, 2, ... vectors of
+    # channels wide; each call takes the width that wastes the fewest lanes on its channel count. Rows
+    # x vectors accumulators, the vectors of B and a broadcast fit the register file, and the rows'
+    # pointers the general registers.
+    pixel_rows: tuple[int, ...] = (12, 6, 4)
+    # Layers with very few channels keep the phase-plane kernels (pixels in the lanes): the forward
+    # pass and dW below pixel_rows_min_work = cg × fg multiply-adds per tap and pixel, the input
+    # gradient when its channels fill less than 1 / pixel_rows_dx_vector_share of a vector; in NCHW,
+    # also images of more than pixel_rows_nchw_max_pixels output pixels, whose phase-plane pixel tiles
+    # are full. configure(pixel_rows_min_work=1, pixel_rows_dx_vector_share=64,
+    # pixel_rows_nchw_max_pixels=10**9) forces the pixel rows on every layer (the tests do).
+    pixel_rows_min_work: int = 128
+    pixel_rows_dx_vector_share: int = 2
+    pixel_rows_nchw_max_pixels: int = 1024
 
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
@@ -100,7 +103,7 @@ class Schedule:
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
     "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
-                   nhwc_rows=(12, 12, 8, 6), arch_flags=("-march=native",)),
+                   pixel_rows=(12, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
                  dot_columns=3, arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
@@ -137,15 +140,15 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
                  "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
-                 "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_min_channels", "nhwc_min_work",
-                 "nhwc_dx_vector_share"):
+                 "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_min_channels", "pixel_rows_min_work",
+                 "pixel_rows_dx_vector_share", "pixel_rows_nchw_max_pixels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
-    rows = schedule.nhwc_rows
+    rows = schedule.pixel_rows
     if not isinstance(rows, tuple) or not rows or not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= 16
                                                           for r in rows):
-        raise ValueError(f"schedule nhwc_rows must be a non-empty tuple of ints from 1 to 16, got {rows!r}")
+        raise ValueError(f"schedule pixel_rows must be a non-empty tuple of ints from 1 to 16, got {rows!r}")
     if schedule.ukernel not in ("simd", "reference"):
         raise ValueError(f"schedule ukernel must be 'simd' or 'reference', got {schedule.ukernel!r}")
     return schedule

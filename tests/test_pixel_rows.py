@@ -1,15 +1,17 @@
-"""The direct family's native NHWC kernels (templates/direct/nhwc.c.j2) against convgen.reference.
+"""The direct family's pixel-row kernels (templates/direct/rows.c.j2) against convgen.reference.
 
-In NHWC the direct family computes every op as a GEMM with pixels as rows and channels in the vector
-lanes, reading x (forward, dW) and dy (dx) in place through tables of row pointers. The cases reach
-every path of those kernels: channel counts that pick each tile width (1 to 4 vectors on AVX-512, 1 to
-3 on AVX2) with full and partial last tiles; windows inside the image (one pointer per pixel, and one
-run per window row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros
-or the pixel the padding mode copies); strides whose phases have different numbers of taps, phases
-with no taps at all (stride > kernel) and dilations; groups; images smaller than the window; tiles
-cut by the end of a block; the weight gradient split into parts of the pixels. Also: the same bits on
-1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules, and that the NHWC
-module is the native one.
+They compute every NHWC op, and in NCHW the forward pass and input gradient of small images, as GEMMs
+with pixels as rows and channels in the vector lanes, reading x (forward, dW) and dy (dx) in place
+through tables of row pointers. The tests force them on every layer (by default the layers with very
+few channels, and large NCHW images, keep the phase-plane kernels) on cases that reach every path:
+channel counts that pick each tile width (1 to 4 vectors on AVX-512, 1 to 3 on AVX2) with full and
+partial last tiles; windows inside the image (one pointer per pixel, and in NHWC one run per window
+row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros or the pixel
+the padding mode copies; NCHW gathers border rows); strides whose phases have different numbers of
+taps, phases with no taps at all (stride > kernel) and dilations; groups; images smaller than the
+window; tiles cut by the end of a block; the weight gradient split into parts of the pixels. Also:
+the same bits on 1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules,
+the default routing, and that the modules carry the kernels.
 """
 
 import numpy as np
@@ -22,9 +24,9 @@ from convgen.render import render
 from convgen.spec import ConvSpec, Window
 from helpers import assert_close, seeded_rng, to_layout
 
-DIRECT = dict(algorithm="direct", layout="NHWC")
-# The native kernels on every layer, however few its channels (by default those keep the phase planes).
-NATIVE = dict(nhwc_min_work=1, nhwc_dx_vector_share=64)
+LAYOUTS = ("NHWC", "NCHW")
+# The pixel rows on every layer, however few its channels or large its NCHW images.
+NATIVE = dict(pixel_rows_min_work=1, pixel_rows_dx_vector_share=64, pixel_rows_nchw_max_pixels=10**9)
 
 # (n, c, h, w, f, window, groups): every op of each runs specialized and generic, float32 and float64.
 CASES = [
@@ -51,10 +53,10 @@ def _ids(case):
     return f"{n}x{c}x{h}x{w}-{f}-{window.short()}-g{groups}"
 
 
-def _arrays(rng, case, dtype):
+def _arrays(rng, case, dtype, layout):
     n, c, h, w, f, window, groups = case
     x, weight = to_layout(rng.standard_normal((n, c, h, w)), rng.standard_normal((f, c // groups, *window.kernel)),
-                          "NHWC")
+                          layout)
     return x.astype(dtype), weight.astype(dtype), rng.standard_normal(f).astype(dtype)
 
 
@@ -63,12 +65,12 @@ def _kwargs(case):
     return dict(stride=window.stride, padding=window.padding, dilation=window.dilation, groups=groups)
 
 
-def _all_ops(x, weight, bias, dy, case, module, **options):
+def _all_ops(x, weight, bias, dy, case, module, layout, **options):
     """conv2d, its gradients, and the transposed pair (whose kernels are the same three) on dy."""
-    kw = dict(_kwargs(case), layout="NHWC", **options)
+    kw = dict(_kwargs(case), layout=layout, **options)
     results = {"conv2d": (module.conv2d(x, weight, bias, **kw),),
                "conv2d_backward": module.conv2d_backward(dy, x, weight, **kw)}
-    window, (h, w) = case[5], x.shape[1:3]
+    window, (h, w) = case[5], case[2:4]
     output_padding = tuple((size + sum(pads) - extent) % s for size, pads, extent, s in zip(
         (h, w), window.padding, window.effective_kernel, window.stride))
     results["conv_transpose2d"] = (module.conv_transpose2d(dy, weight, output_padding=output_padding, **kw),)
@@ -83,35 +85,36 @@ def _check(got, expected, dtype):
             assert_close(a, e, dtype, f"{op} {name}".strip())
 
 
-# Every case in the generic build (one module per dtype); specialized, every case in float64 and a few
-# in float32 (each window is a module of its own, compiled for this test).
-GRID = [(case, dtype, False) for case in CASES for dtype in ("float32", "float64")] + \
-    [(case, "float64", True) for case in CASES] + [(case, "float32", True) for case in CASES[2:6]]
+# Every case in the generic build (one module per dtype and layout); specialized, every case in NHWC
+# float64, half of them in NCHW float64, a few in NHWC float32 (each window is a module of its own).
+GRID = [(case, layout, dtype, False) for case in CASES for layout in LAYOUTS for dtype in ("float32", "float64")] + \
+    [(case, "NHWC", "float64", True) for case in CASES] + [(case, "NCHW", "float64", True) for case in CASES[1::2]] + \
+    [(case, "NHWC", "float32", True) for case in CASES[2:6]]
 
 
-@pytest.mark.parametrize("case, dtype, specialize", GRID,
+@pytest.mark.parametrize("case, layout, dtype, specialize", GRID,
                          ids=lambda v: _ids(v) if isinstance(v, tuple) else ("specialized" if v is True else
                                                                               "generic" if v is False else v))
-def test_every_op_matches_the_reference(case, dtype, specialize):
-    rng = seeded_rng("nhwc", case, dtype)
-    x, weight, bias = _arrays(rng, case, dtype)
-    y = reference.conv2d(x, weight, bias, **_kwargs(case), layout="NHWC")
+def test_every_op_matches_the_reference(case, layout, dtype, specialize):
+    rng = seeded_rng("pixel rows", case, layout, dtype)
+    x, weight, bias = _arrays(rng, case, dtype, layout)
+    y = reference.conv2d(x, weight, bias, **_kwargs(case), layout=layout)
     dy = rng.standard_normal(y.shape).astype(dtype)
-    expected = _all_ops(x, weight, bias, dy, case, reference)
+    expected = _all_ops(x, weight, bias, dy, case, reference, layout)
     with convgen.configure(**NATIVE):
-        got = _all_ops(x, weight, bias, dy, case, convgen, specialize=specialize, algorithm="direct")
+        got = _all_ops(x, weight, bias, dy, case, convgen, layout, specialize=specialize, algorithm="direct")
     _check(got, expected, dtype)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 @VARIANTS
-def test_padding_modes(mode, specialize):
+def test_padding_modes(mode, specialize, layout):
     """The forward pass and dW read the padding from the pixels it copies; dx (which must add the
     padding's gradient back into them) runs the scatter of the phase-plane kernels."""
-    rng = seeded_rng("nhwc modes", mode, specialize)
-    x = rng.standard_normal((2, 9, 8, 17))
-    weight = rng.standard_normal((3, 3, 17, 20))
-    kw = dict(stride=(2, 1), padding=((2, 1), (1, 2)), padding_mode=mode, layout="NHWC")
+    rng = seeded_rng("pixel rows modes", mode, specialize, layout)
+    x, weight = to_layout(rng.standard_normal((2, 17, 9, 8)), rng.standard_normal((20, 17, 3, 3)), layout)
+    kw = dict(stride=(2, 1), padding=((2, 1), (1, 2)), padding_mode=mode, layout=layout)
     dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape)
     with convgen.configure(**NATIVE):
         y = convgen.conv2d(x, weight, specialize=specialize, algorithm="direct", **kw)
@@ -121,13 +124,14 @@ def test_padding_modes(mode, specialize):
         assert_close(got, want, np.float64, name)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[7]], ids=_ids)
-def test_adjoint_identities(case):
+def test_adjoint_identities(case, layout):
     """<conv2d(x), dy> = <x, dx> and = <w, dW> (no bias): the input and weight gradients are the
     forward pass's adjoints, whatever path each of the three kernels took."""
-    rng = seeded_rng("nhwc adjoint", case)
-    x, weight, _ = _arrays(rng, case, "float64")
-    kw = dict(_kwargs(case), **DIRECT)
+    rng = seeded_rng("pixel rows adjoint", case, layout)
+    x, weight, _ = _arrays(rng, case, "float64", layout)
+    kw = dict(_kwargs(case), algorithm="direct", layout=layout, specialize=False)
     with convgen.configure(**NATIVE):
         y = convgen.conv2d(x, weight, **kw)
         dy = rng.standard_normal(y.shape)
@@ -137,57 +141,66 @@ def test_adjoint_identities(case):
     assert abs(inner - float(np.vdot(weight, dw))) <= 1e-10 * max(1.0, abs(inner))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[13]], ids=_ids)
-def test_every_thread_count_gives_the_same_bits(case, threads):
-    """Each output is summed by one work item in a fixed order, and the weight gradient's split of the
-    pixels into parts (one-channel and few-row layers) depends on the sizes only: 1, 2 and 3 threads
-    give identical results."""
-    rng = seeded_rng("nhwc threads", case)
-    x, weight, bias = _arrays(rng, case, "float32")
-    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout="NHWC").shape).astype(np.float32)
+def test_every_thread_count_gives_the_same_bits(case, layout, threads):
+    """Each output of the pixel-row kernels is summed by one work item in a fixed order, and the NHWC
+    weight gradient's split of the pixels into parts (one-channel and few-row layers) depends on the
+    sizes only: 1, 2 and 3 threads give identical results. (The NCHW weight gradient, the phase-plane
+    kernel's, sums per thread: it agrees within rounding.)"""
+    rng = seeded_rng("pixel rows threads", case, layout)
+    x, weight, bias = _arrays(rng, case, "float32", layout)
+    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout=layout).shape).astype(np.float32)
     results = {}
     for count in (1, 2, 3):
         threads(count)
         with convgen.configure(**NATIVE):
-            results[count] = _all_ops(x, weight, bias, dy, case, convgen, algorithm="direct")
+            results[count] = _all_ops(x, weight, bias, dy, case, convgen, layout, algorithm="direct", specialize=False)
     for count in (2, 3):
         for op, arrays in results[count].items():
-            for got, one in zip(arrays, results[1][op]):
-                np.testing.assert_array_equal(got, one, err_msg=f"{op} on {count} threads")
+            for name, got, one in zip(("dx", "dw", "db") if len(arrays) == 3 else ("y",), arrays, results[1][op]):
+                if layout == "NCHW" and (op, name) in (("conv2d_backward", "dw"), ("conv_transpose2d_backward", "dw")):
+                    assert_close(got, one, np.float32, f"{op} {name} on {count} threads")
+                else:
+                    np.testing.assert_array_equal(got, one, err_msg=f"{op} {name} on {count} threads")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("path", [dict(ukernel="reference"), dict(isa="avx2"), dict(isa="portable")],
                          ids=["reference-microkernels", "avx2", "portable"])
 @pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7], CASES[11]], ids=_ids)
-def test_other_schedules(case, path):
+def test_other_schedules(case, path, layout):
     """The plain-loop micro-kernels, and the tile widths of the AVX2 and portable schedules (generic
     builds: one module each)."""
-    rng = seeded_rng("nhwc schedules", case)
-    x, weight, bias = _arrays(rng, case, "float32")
-    y = reference.conv2d(x, weight, bias, **_kwargs(case), layout="NHWC")
+    rng = seeded_rng("pixel rows schedules", case, layout)
+    x, weight, bias = _arrays(rng, case, "float32", layout)
+    y = reference.conv2d(x, weight, bias, **_kwargs(case), layout=layout)
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    expected = _all_ops(x, weight, bias, dy, case, reference)
+    expected = _all_ops(x, weight, bias, dy, case, reference, layout)
     with convgen.configure(**path, **NATIVE):
-        got = _all_ops(x, weight, bias, dy, case, convgen, algorithm="direct", specialize=False)
+        got = _all_ops(x, weight, bias, dy, case, convgen, layout, algorithm="direct", specialize=False)
     _check(got, expected, "float32")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[0], CASES[5], CASES[7]], ids=_ids)
-def test_few_channels_keep_the_phase_planes(case):
-    """By default the layers with very few channels run the phase-plane kernels, whose results the
-    native ones must match (both against the reference)."""
-    rng = seeded_rng("nhwc routing", case)
-    x, weight, bias = _arrays(rng, case, "float64")
-    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout="NHWC").shape)
-    expected = _all_ops(x, weight, bias, dy, case, reference)
-    _check(_all_ops(x, weight, bias, dy, case, convgen, algorithm="direct"), expected, "float64")
+def test_the_default_routing(case, layout):
+    """By default the layers with very few channels run the phase-plane kernels, others the pixel
+    rows: either way, the reference's results."""
+    rng = seeded_rng("pixel rows routing", case, layout)
+    x, weight, bias = _arrays(rng, case, "float64", layout)
+    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout=layout).shape)
+    expected = _all_ops(x, weight, bias, dy, case, reference, layout)
+    _check(_all_ops(x, weight, bias, dy, case, convgen, layout, algorithm="direct", specialize=False), expected,
+           "float64")
 
 
-def test_the_nhwc_module_is_the_native_one():
-    """NHWC modules carry the native kernels (and call them); NCHW modules do not."""
+def test_the_modules_carry_the_pixel_rows():
+    """The direct modules call the pixel-row kernels: every op in NHWC, forward and dx in NCHW."""
     window = Window((3, 3), 2, 1)
     schedule = settings().schedule()
     nhwc = render(ConvSpec(window, "float32", "NHWC"), schedule).source
     nchw = render(ConvSpec(window, "float32", "NCHW"), schedule).source
-    for name in ("nhwc_forward(g,", "nhwc_backward_data(g,", "nhwc_backward_weight(g,"):
-        assert name in nhwc and name not in nchw
+    for name in ("rows_forward(g,", "rows_backward_data(g,", "rows_backward_weight(g,"):
+        assert name in nhwc
+    assert "rows_forward(g," in nchw and "rows_backward_data(g," in nchw and "rows_backward_weight(g," not in nchw
