@@ -1,11 +1,13 @@
 """The benchmark's output: markdown tables (with the targets of the Winograd issue checked against them,
-and the rows Winograd does not touch compared with an earlier run; the depthwise rows in GB/s with
-issue 11's depthwise targets) and a bar chart.
+and the rows Winograd does not touch compared with an earlier run; the suite in NHWC and the layers
+outside the suite in sections of their own, with issue 11's targets for them; the depthwise rows in
+GB/s with issue 11's depthwise targets) and a bar chart of the NCHW suite.
 
 A result row (bench/run.py's run_case) is a dict: op, layer (name, k, s, is_3x3_s1, shape_text),
 gflop, algorithm (what the specialized implementation computed with), seconds and gflops per
 implementation, errors and error_limits per implementation, python_bytes and workspace_bytes per
-convgen implementation, output_bytes, other_load.
+convgen implementation, output_bytes, other_load; and layout on every row but the suite's NCHW ones
+(which keep the names earlier runs gave them).
 """
 
 from __future__ import annotations
@@ -103,16 +105,21 @@ def _impls_in(rows, among=IMPLS):
 
 
 # -------------------------------------------------------------------------------------- tables
-def op_table(rows, peak_all) -> list[str]:
+def op_table(rows, peak_all, short=SHORT, shape=False, layout=False) -> list[str]:
+    """One op's rows in GFLOP/s and ratios. `short` names the implementations in the column titles;
+    `shape` adds the layer's shape, `layout` the row's layout and a geometric mean per layout."""
     impls = _impls_in(rows)
     ratios = [("direct", "spec/direct")] if "direct" in impls else []
-    ratios += [("generic", "spec/generic"), ("numpy", "spec/NumPy")] + ([("pytorch", "spec/PyTorch")]
+    ratios += [("generic", "spec/generic"), ("numpy", "spec/NumPy")] + ([("pytorch", f"spec/{short['pytorch']}")]
                                                                          if "pytorch" in impls else [])
-    head = (["layer", "algorithm", "GFLOP"] + [f"{SHORT[i]} eff. GFLOP/s (% peak)" for i in impls]
+    layouts = list(dict.fromkeys(r.get("layout", "NCHW") for r in rows)) if layout else []
+    head = (["layer"] + (["layout"] if layouts else []) + (["shape"] if shape else []) + ["algorithm", "GFLOP"]
+            + [f"{short[i]} eff. GFLOP/s (% peak)" for i in impls]
             + [title for _, title in ratios] + ["workspace MiB", "extra MiB"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["layer"].name, r["algorithm"], _fmt(r["gflop"], 2)]
+        cells = ([r["layer"].name] + ([r.get("layout", "NCHW")] if layouts else [])
+                 + ([r["layer"].shape_text] if shape else []) + [r["algorithm"], _fmt(r["gflop"], 2)])
         for i in impls:
             g = r["gflops"].get(i)
             if g is not None:
@@ -122,12 +129,16 @@ def op_table(rows, peak_all) -> list[str]:
         cells += [_fmt(timed_ratio(r, "specialized", other), 2, "×") for other, _ in ratios]
         cells += [_fmt(r["workspace_bytes"]["specialized"] / MIB, 2), _fmt(extra_bytes(r, "specialized") / MIB, 2)]
         lines.append("| " + " | ".join(cells) + " |")
-    if len(rows) > 1:
-        cells = ["**geometric mean**", "", ""]
+    parts = [(f"**geometric mean, {name}**", [r for r in rows if r.get("layout", "NCHW") == name])
+             for name in layouts] if len(layouts) > 1 else [("**geometric mean**", rows)]
+    for title, part in parts:
+        if len(part) < 2:
+            continue
+        cells = [title] + [""] * (len(head) - 3 - len(impls) - len(ratios))
         for i in impls:
-            g = geomean(r["gflops"].get(stands_in(r, i)) for r in rows)
+            g = geomean(r["gflops"].get(stands_in(r, i)) for r in part)
             cells.append(f"{g:.1f} ({100 * g / peak_all:.0f}%)")
-        cells += [_fmt(geomean(ratio(r, "specialized", other) for r in rows), 2, "×") for other, _ in ratios]
+        cells += [_fmt(geomean(ratio(r, "specialized", other) for r in part), 2, "×") for other, _ in ratios]
         cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -355,6 +366,89 @@ def _nothing_slower(results, have_torch, previous, cpu=None) -> list[str]:
     return [f"- {text}: {verdict} — {', '.join(parts)}{source}"]
 
 
+# --------------------------------------------------------------------- NHWC and layers outside the suite
+# Issue 11's targets for the dense rows: NHWC against PyTorch's channels_last on every forward and
+# backward row of the suite and on the geometric mean; every layer, in and outside the suite, and the
+# transposed layers at least near PyTorch.
+NHWC_FLOOR, NHWC_GOAL, EVERY_LAYER_FLOOR = 1.0, 1.1, 0.9
+CHANNELS_LAST = dict(SHORT, pytorch="PyTorch channels_last")
+
+
+def nhwc_section(rows, peak_all) -> list[str]:
+    """The suite's 2-D layers in NHWC, one table per op, against PyTorch's channels_last."""
+    out = ["## NHWC (the suite in channels-last layout)", "",
+           "The suite's 2-D layers with `layout=\"NHWC\"`: x (N, H, W, C), weights (KH, KW, C, F) (transposed: "
+           "(KH, KW, C_out, C_in)), results (N, Ho, Wo, F); PyTorch gets the same values as channels_last tensors "
+           "(its weights too). NumPy computes in NCHW (the same baseline as the NCHW tables; its result is "
+           "compared through a transposed view). Columns as in the NCHW tables.", ""]
+    for op in _ops_in(rows):
+        out += [f"### {OP_TITLES[op]}, NHWC", ""]
+        out += op_table([r for r in rows if r["op"] == op], peak_all, CHANNELS_LAST) + [""]
+    return out
+
+
+def extra_section(rows, peak_all) -> list[str]:
+    """The layers outside the suite, one table per op, each layer in every layout that ran."""
+    out = ["## Layers outside the suite", "",
+           "Shapes the suite's targets should also hold on (issue 11: odd sizes, 5×5, narrow filters, batch 1 "
+           "and 64), in each layout: NCHW against PyTorch's contiguous tensors, NHWC against its channels_last "
+           "ones (the PyTorch and spec/PyTorch columns), as in the sections above.", ""]
+    for op in _ops_in(rows):
+        out += [f"### {OP_TITLES[op]}, outside the suite", ""]
+        out += op_table([r for r in rows if r["op"] == op], peak_all, shape=True, layout=True) + [""]
+    return out
+
+
+def issue11_targets(results, nhwc=(), extra=()) -> list[str]:
+    """Issue 11's targets for the dense layers, each met or not by this run's rows (or not measured):
+    NHWC forward and backward against PyTorch's channels_last on the suite; forward and backward on
+    every layer of the suite (NCHW) and outside it (both layouts); the transposed layers (both layouts)."""
+    lines = []
+    planar = [r for r in results if r["op"] in PLANAR_OPS]
+
+    def judged(text, rows, label, floor, goal=None):
+        """One target line: every row ≥ floor (and, with a goal, the geometric mean ≥ goal)."""
+        per = [(label(r), timed_ratio(r, "specialized", "pytorch")) for r in rows]
+        per = [(name, v) for name, v in per if v is not None]
+        if not per:
+            lines.append(f"- {text}: not measured")
+            return
+        below = [f"{name} {v:.2f}×" for name, v in per if v < floor]
+        if goal is not None:  # the geometric mean, then every row
+            g = geomean(v for _, v in per)
+            met = not below and g >= goal
+            value = f"{g:.2f}× (" + ", ".join(f"{name} {v:.2f}×" for name, v in per) + ")"
+        else:
+            met = not below
+            lowest = min(per, key=lambda nv: nv[1])
+            value = f"lowest {lowest[1]:.2f}× ({lowest[0]})"
+        value += f"; below {floor:.1f}×: {', '.join(below)}" if below else ""
+        lines.append(f"- {text}: {'**met**' if met else '**not met**'} — {value}")
+
+    def layer(r):
+        return r["layer"].name
+
+    def layer_layout(r):
+        return layer(r) + (f" {r['layout']}" if "layout" in r else "")
+
+    def op_layer_layout(r):
+        return f"{r['op']} {layer_layout(r)}"
+
+    names = {"forward": "forward", "backward": "backward (dx + dw + db)"}
+    for op in ("forward", "backward"):
+        judged(f"NHWC {names[op]}: specialized ≥ {NHWC_FLOOR:.1f}× PyTorch channels_last on every layer of the "
+               f"suite, ≥ {NHWC_GOAL:.1f}× on the geometric mean", [r for r in nhwc if r["op"] == op], layer,
+               NHWC_FLOOR, NHWC_GOAL)
+    for op in ("forward", "backward"):
+        judged(f"{names[op]}: specialized ≥ {EVERY_LAYER_FLOOR:.1f}× PyTorch on every layer of the suite (NCHW) and "
+               "outside it (NCHW, and NHWC against channels_last)",
+               [r for r in planar + list(extra) if r["op"] == op], layer_layout, EVERY_LAYER_FLOOR)
+    judged(f"transposed (conv_transpose2d and its backward, NCHW and NHWC): specialized ≥ {EVERY_LAYER_FLOOR:.1f}× "
+           "PyTorch on every layer", [r for r in planar + list(nhwc) if r["op"].startswith("transposed")],
+           op_layer_layout, EVERY_LAYER_FLOOR)
+    return lines
+
+
 # ------------------------------------------------------------------------------------- depthwise
 # Issue 11's targets for the depthwise rows: forward against PyTorch on the geometric mean of each
 # layout and on every row, backward on the geometric mean.
@@ -445,8 +539,13 @@ def depthwise_section(rows, bandwidth) -> list[str]:
 
 
 # -------------------------------------------------------------------------------------- markdown
-def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwidth=None) -> str:
+def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwidth=None, nhwc=(),
+             extra=()) -> str:
+    """The whole bench.md: `results` are the suite's NCHW rows and the 1-D and 3-D rows, `nhwc` the
+    suite's 2-D layers in NHWC, `extra` the layers outside the suite, `depthwise` the depthwise rows."""
     peak_all = fma["gflops_all"]
+    nhwc, extra = list(nhwc), list(extra)
+    every_row = list(results) + nhwc + extra + list(depthwise)
     out = ["# convgen benchmark", ""]
     out += [f"Measured {info['date']} by `{info['command']}` ({info['repeat']} timed samples per "
             f"implementation, medians, implementations alternated; {info['elapsed']:.0f} s in all)"
@@ -456,7 +555,7 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
             f"- float32 FMA peak ({fma['isa']} loop, bench/fma_peak.c): **{fma['gflops_1']:.1f} GFLOP/s on 1 thread, "
             f"{peak_all:.1f} GFLOP/s on {fma['threads']} threads** (best of {fma['samples']} samples taken before, "
             f"between and after the rows); every \"% peak\" below is of the {fma['threads']}-thread figure",
-            f"- other processes used {_other_load(results)} of the CPU time while the rows were timed "
+            f"- other processes used {_other_load(every_row)} of the CPU time while the rows were timed "
             f"(load average {_fmt(info['load'], 2)} before, {_fmt(info.get('load_end'), 2)} after): "
             "anything above a few % slows all implementations and makes the numbers noisier; "
             f"the bench waited {info.get('waited', 0):.0f} s in all for quiet moments"
@@ -494,9 +593,15 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
                 "conv1d runs on the 2-D kernels with a unit height axis (no copies); conv3d folds its depth taps "
                 "into the channels, which copies its input KD/sd times over (and, in NCDHW, transposes its output "
                 "or dy once): that is most of the 3-D rows' extra memory.", ""] + nd_targets(results) + [""]
+    if nhwc:
+        out += nhwc_section(nhwc, peak_all)
+    if extra:
+        out += extra_section(extra, peak_all)
+    if any(r["op"] in PLANAR_OPS for r in results) or nhwc or extra:
+        out += ["## Targets (issue 11, NHWC and every layer)", ""] + issue11_targets(results, nhwc, extra) + [""]
     if depthwise:
         out += depthwise_section(list(depthwise), bandwidth)
-    out += ["## Memory per call", ""] + memory_table(list(results) + list(depthwise)) + [""]
+    out += ["## Memory per call", ""] + memory_table(every_row) + [""]
     out += ["## Times per call and agreement with NumPy", "",
             "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing "
             "(the 1-D and 3-D rows, which have no NumPy baseline, against PyTorch's result instead). "
@@ -504,7 +609,7 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
             "(`convgen.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
             "other processes' CPU: the share of the machine's CPU time used by other processes while the row "
             "was timed.",
-            ""] + detail_table(list(results) + list(depthwise)) + [""]
+            ""] + detail_table(every_row) + [""]
     if chart:
         out += [f"![effective GFLOP/s per layer]({chart})", ""]
     return "\n".join(out)

@@ -5,16 +5,23 @@ direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows), convgen specialize
 algorithm="direct" (on rows where the planner picked another algorithm: what that algorithm buys
 over direct code for the same window), convgen generic (always direct), NumPy (im2col by
 as_strided, then matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports),
-alternated within one run (convgen.timing.time_alternating: medians after warm-up), float32, NCHW,
-all threads. Every result is first checked against NumPy's, within 1e-3 relative error for direct
-code and within convgen.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is
-marked in the tables and makes the script exit with status 1. Writes bench/results/bench.md and
+alternated within one run (convgen.timing.time_alternating: medians after warm-up), float32, all
+threads, in NCHW and (the 2-D layers) again in NHWC, where PyTorch gets channels_last tensors. Every
+result is first checked against NumPy's, within 1e-3 relative error for direct code and within
+convgen.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is marked in the
+tables and makes the script exit with status 1. Writes bench/results/bench.md and
 bench/results/bench.png and prints the tables.
 
     python bench/run.py                        # the whole suite (make bench)
     python bench/run.py --quick --layers resnet3x3,batch1_3x3 --ops forward
     python bench/run.py --algorithm direct     # every specialized kernel direct: the suite before Winograd
     python bench/run.py --layers dw3x3s1,dw5x5s2   # depthwise rows only, both layouts
+    python bench/run.py --quick --layouts NCHW       # one layout only
+    python bench/run.py --quick --layers odd5x5,resnet3x3 --layouts NHWC
+
+The report keeps the suite's NCHW tables as earlier runs had them; the suite's 2-D layers in NHWC
+and the layers outside the suite (EXTRA_SUITE: odd sizes, 5×5, narrow filters, batch 1 and 64;
+forward and backward in both layouts) have sections of their own, with issue 11's targets for them.
 
 Depthwise rows (DEPTHWISE_SUITE: MobileNet/EfficientNet-like layers, groups == channels) run forward
 and backward in both layouts, NHWC against PyTorch's channels_last, and report GB/s (every array the
@@ -87,7 +94,8 @@ ERROR_LIMIT = report.ERROR_LIMIT  # relative error against NumPy's float32 above
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One suite entry, NCHW. For a transposed layer x is (N, C, H, W) and the output has F channels."""
+    """One 2-D layer in NCHW terms (timed in either layout). For a transposed layer x is (N, C, H, W)
+    and the output has F channels."""
 
     name: str
     n: int
@@ -109,14 +117,15 @@ class Layer:
         """A 3×3 window at stride 1 (no dilation in the suite): the windows Winograd computes."""
         return self.k == 3 and self.s == 1
 
-    def problem(self) -> Problem:
-        """The resolved problem of this layer's forward (or transposed forward) call, float32 NCHW."""
-        x_shape = (self.n, self.c, self.h, self.w)
+    def problem(self, layout: str = "NCHW") -> Problem:
+        """The resolved problem of this layer's forward (or transposed forward) call, float32, in `layout`."""
+        x_shape = image_shape(self.n, self.c, self.h, self.w, layout)
+        kernel = (self.k, self.k)
         if self.transposed:
-            return resolve.transposed_problem(x_shape, (self.c, self.f, self.k, self.k), np.dtype(np.float32),
-                                              self.s, self.p, 1, 1, "NCHW", 0)
-        return resolve.conv_problem(x_shape, (self.f, self.c, self.k, self.k), np.dtype(np.float32),
-                                    self.s, self.p, 1, 1, "NCHW")
+            return resolve.transposed_problem(x_shape, weight_shape(self.c, self.f, kernel, layout),
+                                              np.dtype(np.float32), self.s, self.p, 1, 1, layout, 0)
+        return resolve.conv_problem(x_shape, weight_shape(self.f, self.c, kernel, layout), np.dtype(np.float32),
+                                    self.s, self.p, 1, 1, layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +184,19 @@ SUITE = (
     NdLayer("audio_k9", 1, 8, 64, (16000,), 64, 9, 1, 4),
     NdLayer("video3x3x3", 3, 2, 64, (16, 56, 56), 64, 3, 1, 1),
 )
+
+
+# Layer shapes outside the suite (issue 11: "odd sizes, 5×5, narrow filters, batch 1 and 64"), timed
+# forward and backward in both layouts, in a section of their own: the suite's tables stay comparable
+# with earlier runs. Their windows are the suite's (kernels.toml builds them).
+EXTRA_SUITE = (
+    Layer("odd5x5", 4, 48, 13, 13, 48, 5, 1, 2),       # 5×5 on a small odd image, a few dozen channels
+    Layer("narrowf3x3", 8, 64, 28, 28, 8, 3, 1, 1),    # few filters for many channels
+    Layer("batch64_3x3", 64, 16, 16, 16, 16, 3, 1, 1),  # a large batch of few channels
+    Layer("batch1_128", 1, 128, 28, 28, 128, 3, 1, 1),  # one image of a wide layer
+    Layer("odd3x3s2", 8, 64, 29, 29, 96, 3, 2, 1),     # stride 2 over an odd size (15×15 outputs)
+)
+LAYOUTS = ("NCHW", "NHWC")  # the 2-D rows' layouts (--layouts); NHWC is timed against torch.channels_last
 
 
 def ops_of(layer) -> tuple[str, ...]:
@@ -244,25 +266,45 @@ def _relative_error(got, expected) -> float:
     return worst
 
 
-def make_case(op: str, layer: Layer, torch, algorithm: str = "auto") -> Case:
-    """Inputs, outputs and callables of one row; the specialized implementation runs `algorithm`."""
+def make_case(op: str, layer: Layer, torch, algorithm: str = "auto", layout: str = "NCHW") -> Case:
+    """Inputs, outputs and callables of one row; the specialized implementation runs `algorithm`.
+
+    In NHWC convgen gets x (N, H, W, C) and weights (KH, KW, C, F) (transposed: (KH, KW, C_out, C_in)),
+    PyTorch the same values as channels_last tensors; NumPy computes in NCHW and its result is compared
+    through a transposed view (no copy is timed with it)."""
     if isinstance(layer, NdLayer):
+        if layout != "NCHW":
+            raise ValueError(f"layout: the 1-D and 3-D rows are channels-first only, got {layout!r}")
         return _make_nd_case(op, layer, torch, algorithm)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     rng = np.random.default_rng(0)
     L = layer
     stride, padding = (L.s, L.s), (L.p, L.p)
     x = rng.standard_normal((L.n, L.c, L.h, L.w), dtype=np.float32)
     w_shape = (L.c, L.f, L.k, L.k) if L.transposed else (L.f, L.c, L.k, L.k)
     w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(math.sqrt(L.c * L.k * L.k))
-    problem = L.problem()
+    problem = L.problem(layout)
     # A transposed convolution counts as the conv2d whose input gradient it is (problem.flops says so).
     fwd_flops, ho, wo = problem.flops, problem.ho, problem.wo
+    nhwc = layout == "NHWC"
+    # NCHW arrays in the row's layout: images (N, C, H, W) -> (N, H, W, C); both kinds of weights
+    # (F, C, KH, KW) -> (KH, KW, C, F) and (C_in, C_out, KH, KW) -> (KH, KW, C_out, C_in).
+    image_axes, weight_axes = (0, 2, 3, 1), (2, 3, 1, 0)
+
+    def in_layout(a, axes):
+        return np.ascontiguousarray(a.transpose(axes)) if nhwc else a
+
+    def as_layout(dx, dw, db):  # a NumPy gradient triple, viewed in the row's layout
+        return (dx.transpose(image_axes), dw.transpose(weight_axes), db) if nhwc else (dx, dw, db)
+
+    X, W = in_layout(x, image_axes), in_layout(w, weight_axes)
     specs = specs_of(problem, algorithm)
     kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
     # Keyword arguments of each convgen implementation: the plan specs_of() describes.
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
-    kw = {v: dict(stride=L.s, padding=L.p, **kw[v]) for v in specs}
+    kw = {v: dict(stride=L.s, padding=L.p, layout=layout, **kw[v]) for v in specs}
 
     # The op's kernel calls run one after another, each with its own workspace: the peak is the largest.
     ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
@@ -270,26 +312,30 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto") -> Case:
     funcs, dy = {}, None
     if op in ("forward", "transposed"):
         conv_op = convgen.conv2d if op == "forward" else convgen.conv_transpose2d
-        ys = {v: np.empty((L.n, L.f, ho, wo), np.float32) for v in specs}
+        ys = {v: np.empty(problem.output_shape, np.float32) for v in specs}
         for v in specs:
-            funcs[v] = (lambda v: lambda: conv_op(x, w, **kw[v], out=ys[v]))(v)
+            funcs[v] = (lambda v: lambda: conv_op(X, W, **kw[v], out=ys[v]))(v)
         numpy_op = baselines.numpy_conv2d if op == "forward" else baselines.numpy_conv_transpose2d
-        funcs["numpy"] = lambda: numpy_op(x, w, stride, padding)
+        if nhwc:
+            funcs["numpy"] = lambda: numpy_op(x, w, stride, padding).transpose(image_axes)
+        else:
+            funcs["numpy"] = lambda: numpy_op(x, w, stride, padding)
         flops, out_bytes = fwd_flops, ys["specialized"].nbytes
     elif op in ("backward", "transposed_backward"):
         grad_op = convgen.conv2d_backward if op == "backward" else convgen.conv_transpose2d_backward
         dy = rng.standard_normal((L.n, L.f, ho, wo), dtype=np.float32)
-        outs = {v: (np.empty_like(x), np.empty_like(w), np.empty(L.f, np.float32)) for v in specs}
+        DY = in_layout(dy, image_axes)
+        outs = {v: (np.empty_like(X), np.empty_like(W), np.empty(L.f, np.float32)) for v in specs}
         for v in specs:
-            funcs[v] = (lambda v: lambda: grad_op(dy, x, w, **kw[v], out=outs[v]))(v)
+            funcs[v] = (lambda v: lambda: grad_op(DY, X, W, **kw[v], out=outs[v]))(v)
         numpy_op = baselines.numpy_conv2d_backward if op == "backward" else baselines.numpy_conv_transpose2d_backward
-        funcs["numpy"] = lambda: numpy_op(dy, x, w, stride, padding)
+        funcs["numpy"] = lambda: as_layout(*numpy_op(dy, x, w, stride, padding))
         flops, out_bytes = 2 * fwd_flops, sum(a.nbytes for a in outs["specialized"])
     else:
         raise ValueError(f"unknown op {op!r}")
 
     if torch is not None:
-        funcs["pytorch"] = _torch_func(torch, op, L, x, w, dy)
+        funcs["pytorch"] = _torch_func(torch, op, L, x, w, dy, nhwc)
     limits = {name: ERROR_LIMIT for name in funcs}
     if specs["specialized"].family == "winograd":
         # Winograd rounds differently from direct code: its own, documented bound.
@@ -350,17 +396,20 @@ def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
                 reference="pytorch")
 
 
-def _torch_func(torch, op, L, x, w, dy):
-    """PyTorch's CPU path for one row. Gradients come from aten.convolution_backward, the op autograd
-    calls for a convolution, asked for dx, dw and db in one call (no forward pass timed with them)."""
-    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-    tdy = torch.from_numpy(dy) if dy is not None else None
+def _torch_func(torch, op, L, x, w, dy, nhwc=False):
+    """PyTorch's CPU path for one row: NCHW tensors, or channels_last ones for an NHWC row (results
+    returned as NHWC arrays, weights as (KH, KW, inner, outer), to compare with convgen's). Gradients
+    come from aten.convolution_backward, the op autograd calls for a convolution, asked for dx, dw
+    and db in one call (no forward pass timed with them)."""
+    memory = torch.channels_last if nhwc else torch.contiguous_format
+    tx, tw = (torch.from_numpy(a).contiguous(memory_format=memory) for a in (x, w))
+    tdy = torch.from_numpy(dy).contiguous(memory_format=memory) if dy is not None else None
     stride, padding = [L.s, L.s], [L.p, L.p]
     functional, backward = torch.nn.functional, torch.ops.aten.convolution_backward
     transposed = op.startswith("transposed")
 
-    def as_numpy(result):
-        return tuple(t.numpy() for t in result) if isinstance(result, tuple) else result.numpy()
+    def to_numpy(t, weights=False):
+        return t.permute((2, 3, 1, 0) if weights else (0, 2, 3, 1)).numpy() if nhwc else t.numpy()
 
     if op == "forward":
         def run():
@@ -376,7 +425,10 @@ def _torch_func(torch, op, L, x, w, dy):
                 return backward(tdy, tx, tw, [L.f], stride, padding, [1, 1], transposed, [0, 0], 1,
                                 [True, True, True])
 
-    run.as_numpy = as_numpy
+    if op in ("forward", "transposed"):
+        run.as_numpy = to_numpy
+    else:
+        run.as_numpy = lambda r: (to_numpy(r[0]), to_numpy(r[1], weights=True), r[2].numpy())
     return run
 
 
@@ -687,8 +739,12 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repeats and a shorter peak measurement")
     parser.add_argument("--repeat", type=int, help="timed samples per implementation (default 9, --quick 3)")
     parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}; "
+                                         f"outside the suite: {', '.join(l.name for l in EXTRA_SUITE)}; "
                                          f"depthwise: {', '.join(l.name for l in DEPTHWISE_SUITE)}")
     parser.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)}")
+    parser.add_argument("--layouts", help=f"comma-separated subset of: {', '.join(LAYOUTS)} (default both): the "
+                                          "layouts of the 2-D rows; the 1-D and 3-D rows (channels first) run "
+                                          "with NCHW")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for bench.md and bench.png")
     parser.add_argument("--algorithm", default="auto", choices=("auto", "direct"),
                         help="what the specialized implementation runs: the planner's choice (default) or direct "
@@ -703,8 +759,9 @@ def parse_args(argv=None):
                              "at most SECONDS in all; rows they still disturbed are measured once more at the end, "
                              "keeping the quieter measurement (default 120; 0: no waiting, no second measurement)")
     args = parser.parse_args(argv)
-    args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE + DEPTHWISE_SUITE])
+    args.layers = _subset(parser, "--layers", args.layers, [l.name for l in SUITE + EXTRA_SUITE + DEPTHWISE_SUITE])
     args.ops = _subset(parser, "--ops", args.ops, list(OPS))
+    args.layouts = _subset(parser, "--layouts", args.layouts, list(LAYOUTS))
     if args.repeat is None:
         args.repeat = 3 if args.quick else 9
     if args.repeat < 1:
@@ -722,21 +779,37 @@ def _subset(parser, flag, text, allowed):
     return chosen
 
 
+def row_groups(layers, ops, layouts) -> dict:
+    """The (op, layer, layout) rows to time, by the report section they belong to: "suite" (the suite
+    in NCHW, with the 1-D and 3-D rows), "nhwc" (the suite's 2-D layers in NHWC), "extra" (the layers
+    outside the suite, in each layout) and "depthwise" (in each layout)."""
+    suite = [layer for layer in SUITE if layer.name in layers]
+    return {
+        "suite": [(op, layer, "NCHW") for layer in suite for op in ops_of(layer) if op in ops]
+        if "NCHW" in layouts else [],
+        "nhwc": [(op, layer, "NHWC") for layer in suite if not isinstance(layer, NdLayer)
+                 for op in ops_of(layer) if op in ops] if "NHWC" in layouts else [],
+        "extra": [(op, layer, layout) for layer in EXTRA_SUITE if layer.name in layers
+                  for layout in LAYOUTS if layout in layouts for op in ops_of(layer) if op in ops],
+        "depthwise": [(op, layer, layout) for layer in DEPTHWISE_SUITE if layer.name in layers
+                      for layout in LAYOUTS if layout in layouts for op in DEPTHWISE_OPS if op in ops],
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = None if args.no_torch else baselines.torch_module()
     threads = convgen.num_threads()
     if torch is not None:
         torch.set_num_threads(threads)
-    rows_to_run = [(op, layer) for layer in SUITE if layer.name in args.layers
-                   for op in ops_of(layer) if op in args.ops]
-    if torch is None and any(isinstance(layer, NdLayer) for _, layer in rows_to_run):
+    groups = row_groups(args.layers, args.ops, args.layouts)
+    if torch is None and any(isinstance(layer, NdLayer) for _, layer, _ in groups["suite"]):
         print("without PyTorch the 1-D and 3-D rows are skipped: they are checked against it", flush=True)
-        rows_to_run = [(op, layer) for op, layer in rows_to_run if not isinstance(layer, NdLayer)]
-    depthwise_rows = [(op, layer, layout) for layer in DEPTHWISE_SUITE if layer.name in args.layers
-                      for layout in ("NCHW", "NHWC") for op in DEPTHWISE_OPS if op in args.ops]
-    if not rows_to_run and not depthwise_rows:
-        print("nothing to run: no layer of --layers has an op of --ops", file=sys.stderr)
+        groups["suite"] = [(op, layer, layout) for op, layer, layout in groups["suite"]
+                           if not isinstance(layer, NdLayer)]
+    count = sum(len(rows) for rows in groups.values())
+    if not count:
+        print("nothing to run: no layer of --layers has an op of --ops in a layout of --layouts", file=sys.stderr)
         return 2
 
     waiter = QuietWaiter(args.wait_quiet)
@@ -744,14 +817,13 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     info = machine_info(torch, threads)
     info["command"] = " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)])
-    print(f"convgen bench: {len(rows_to_run) + len(depthwise_rows)} rows, {threads} threads, repeat {args.repeat}",
-          flush=True)
+    print(f"convgen bench: {count} rows, {threads} threads, repeat {args.repeat}", flush=True)
     meter = peak.PeakMeter(threads)
     meter.sample(3 if args.quick else 10)
     fma = meter.result()
     print(f"FMA peak ({fma['isa']}): {fma['gflops_1']:.1f} GFLOP/s on 1 thread, "
           f"{fma['gflops_all']:.1f} on {threads}", flush=True)
-    stream = bandwidth.BandwidthMeter(threads) if depthwise_rows else None
+    stream = bandwidth.BandwidthMeter(threads) if groups["depthwise"] else None
     if stream is not None:
         stream.sample(3 if args.quick else 10)
         bw = stream.result()
@@ -759,10 +831,10 @@ def main(argv=None) -> int:
 
     # Compile every kernel the rows need up front, in parallel, so no build lands inside a timing.
     specs = set()
-    for op, layer in rows_to_run:
-        specs.update(specs_of(layer.problem(), args.algorithm).values())
-    for op, layer, layout in depthwise_rows:
-        specs.update(specs_of(layer.problem(layout), args.algorithm).values())
+    for rows in groups.values():
+        for op, layer, layout in rows:
+            problem = layer.problem() if isinstance(layer, NdLayer) else layer.problem(layout)
+            specs.update(specs_of(problem, args.algorithm).values())
     failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
     if failed:
         for spec, exc in failed.items():
@@ -773,36 +845,38 @@ def main(argv=None) -> int:
 
     min_time = 0.05 if args.quick else 0.1
 
-    def measure(op, layer, layout=None):
+    def measure(op, layer, layout, group):
         waiter.wait()
-        if layout is None:
-            row = run_case(make_case(op, layer, torch, args.algorithm), args.repeat, min_time)
-            rates = " ".join(f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
-        else:  # a depthwise row: GB/s
+        if group == "depthwise":  # GB/s
             row = run_case(make_depthwise_case(op, layer, layout, torch, args.algorithm), args.repeat, min_time)
             row["layout"], row["bytes"] = layout, layer.bytes(op, layout)
             row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
             rates = " ".join(f"{name} {row['gbs'][name]:6.1f} GB/s" for name in IMPLS if name in row["gbs"])
             stream.sample(1)
+        else:
+            row = run_case(make_case(op, layer, torch, args.algorithm, layout), args.repeat, min_time)
+            if group != "suite":  # the suite's NCHW rows keep the names earlier runs gave them
+                row["layout"] = layout
+            rates = " ".join(f"{name} {row['gflops'][name]:7.1f}" for name in IMPLS if name in row["gflops"])
         meter.sample(1)
-        print(f"  {op:<20} {layer.name + ('' if layout is None else ' ' + layout):<13} {row['algorithm']:<29} "
+        print(f"  {op:<20} {report.row_name(row).split(' ', 1)[1]:<18} {row['algorithm']:<29} "
               + rates + ("" if row["other_load"] is None else f"  (other processes {100 * row['other_load']:.0f}% CPU)"),
               flush=True)
         return row
 
-    results = [measure(op, layer) for op, layer in rows_to_run]
-    depthwise_results = [measure(op, layer, layout) for op, layer, layout in depthwise_rows]
+    measured = {group: [measure(op, layer, layout, group) for op, layer, layout in rows]
+                for group, rows in groups.items()}
     remeasured = []
     if args.wait_quiet > 0:
         # Rows other processes disturbed get a second chance; the quieter of the two measurements stays.
-        for rows in (results, depthwise_results):
+        for group, rows in measured.items():
             for i, row in enumerate(rows):
                 if row["other_load"] is not None and row["other_load"] > QuietWaiter.NOISY:
-                    again = measure(row["op"], row["layer"], row.get("layout"))
-                    remeasured.append(f"{row['op']} {row['layer'].name}" + (f" {row['layout']}" if "layout" in row
-                                                                             else ""))
+                    again = measure(row["op"], row["layer"], row.get("layout", "NCHW"), group)
+                    remeasured.append(report.row_name(row))
                     if again["other_load"] is not None and again["other_load"] < row["other_load"]:
                         rows[i] = again
+    results, depthwise_results = measured["suite"], measured["depthwise"]
 
     meter.sample(3 if args.quick else 10)
     fma = meter.result()
@@ -817,15 +891,16 @@ def main(argv=None) -> int:
     info["repeat"] = args.repeat
     info["waited"] = waiter.waited
     info["remeasured"] = remeasured
-    info["partial"] = (len(rows_to_run) < sum(len(ops_of(layer)) for layer in SUITE)
-                       or len(depthwise_rows) < 2 * len(DEPTHWISE_OPS) * len(DEPTHWISE_SUITE))
+    everything = row_groups([l.name for l in SUITE + EXTRA_SUITE + DEPTHWISE_SUITE], list(OPS), list(LAYOUTS))
+    info["partial"] = count < sum(len(rows) for rows in everything.values())
     info["algorithm"] = args.algorithm
 
     previous_path = args.previous or args.out / "bench.md"
     previous = report.read_previous(previous_path) if previous_path.is_file() else None
     chart = not args.no_chart and bool(results)
     text = report.markdown(results, fma, info, chart="bench.png" if chart else None, previous=previous,
-                           depthwise=depthwise_results, bandwidth=bw)
+                           depthwise=depthwise_results, bandwidth=bw, nhwc=measured["nhwc"],
+                           extra=measured["extra"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.md").write_text(text)
     if chart:
@@ -833,7 +908,7 @@ def main(argv=None) -> int:
     print()
     print(text)
     print(f"wrote {args.out / 'bench.md'}" + ("" if not chart else f" and {args.out / 'bench.png'}"))
-    wrong = report.wrong_results(results + depthwise_results)
+    wrong = report.wrong_results([row for rows in measured.values() for row in rows])
     if wrong:
         print(f"results that disagree with NumPy beyond their bound: {', '.join(wrong)}", file=sys.stderr)
         return 1

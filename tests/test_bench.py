@@ -1,5 +1,5 @@
 """bench/: the rows it builds, the tables and targets it writes, the earlier run it reads and its chart
-(and its depthwise rows, in GB/s).
+(and its depthwise rows, in GB/s; the suite in NHWC and the layers outside the suite).
 
 No timing is asserted here (benchmarks are scripts, not tests): the report is fed made-up rows, and
 one tiny row is run once to check that every implementation's result is compared with NumPy's.
@@ -44,9 +44,10 @@ def report(run):
 FMA = {"isa": "avx2", "threads": 2, "gflops_1": 40.0, "gflops_all": 80.0, "samples": 3}
 
 
-def _row(run, op, layer, algorithm, ms, errors=None, limits=None):
-    """A made-up result row: `ms` is {implementation: milliseconds}."""
-    layer = next(l for l in run.SUITE if l.name == layer)
+def _row(run, op, layer, algorithm, ms, errors=None, limits=None, layout=None):
+    """A made-up result row: `ms` is {implementation: milliseconds}; `layout` for a row outside the
+    suite's NCHW tables."""
+    layer = next(l for l in run.SUITE + run.EXTRA_SUITE if l.name == layer)
     flops = layer.problem().flops * (2 if op.endswith("backward") else 1)
     seconds = {i: t / 1e3 for i, t in ms.items()}
     convgen_impls = [i for i in run.CONVGEN_IMPLS if i in seconds]
@@ -55,7 +56,8 @@ def _row(run, op, layer, algorithm, ms, errors=None, limits=None):
             "gflops": {i: flops / s / 1e9 for i, s in seconds.items()}, "errors": errors,
             "error_limits": limits or {i: 1e-3 for i in seconds},
             "python_bytes": {i: 2048 for i in (*convgen_impls, "numpy")},
-            "workspace_bytes": {i: 1 << 20 for i in convgen_impls}, "output_bytes": 1 << 20, "other_load": 0.0}
+            "workspace_bytes": {i: 1 << 20 for i in convgen_impls}, "output_bytes": 1 << 20, "other_load": 0.0,
+            **({} if layout is None else {"layout": layout})}
 
 
 def _info(**changes):
@@ -284,3 +286,172 @@ def test_depthwise_tables_and_targets(run, report):
     assert "**met** — 1.73×" in targets[1]
     assert "**met** — 1.24× (dw3x3s1 NCHW 1.10×, dw3x3s1 NHWC 1.40×)" in targets[2]
     assert report.depthwise_targets(rows[:2])[1].endswith(": not measured")
+
+
+# ------------------------------------------------------------------ NHWC rows and layers outside the suite
+def test_extra_layers_and_row_groups(run):
+    """The layers outside the suite are the shapes issue 11 names; --layouts chooses the 2-D rows' layouts."""
+    extra = run.EXTRA_SUITE
+    assert any(l.k == 5 and l.h % 2 for l in extra)               # 5×5 on an odd image
+    assert any(l.f <= 8 < l.c for l in extra)                     # narrow filters
+    assert {1, 64} <= {l.n for l in extra}                        # batch 1 and 64
+    assert any(l.s == 2 and l.h % 2 for l in extra)               # stride 2 over an odd size
+    names = [l.name for l in run.SUITE + extra + run.DEPTHWISE_SUITE]
+    assert len(names) == len(set(names))  # --layers picks a layer by name
+
+    planar = [l for l in run.SUITE if not isinstance(l, run.NdLayer)]
+    everything = run.row_groups(names, list(run.OPS), ["NCHW", "NHWC"])
+    assert len(everything["nhwc"]) == 2 * len(planar) and {r[2] for r in everything["nhwc"]} == {"NHWC"}
+    assert len(everything["extra"]) == 2 * 2 * len(extra)  # forward and backward, both layouts
+    assert {op for op, _, _ in everything["nhwc"]} == {"forward", "backward", "transposed", "transposed_backward"}
+    only_nhwc = run.row_groups(names, ["forward"], ["NHWC"])
+    assert not only_nhwc["suite"] and {r[2] for r in only_nhwc["extra"] + only_nhwc["depthwise"]} == {"NHWC"}
+    assert run.parse_args(["--layouts", "NHWC"]).layouts == ["NHWC"]
+    assert run.parse_args([]).layouts == ["NCHW", "NHWC"]
+    with pytest.raises(SystemExit):
+        run.parse_args(["--layouts", "NCWH"])
+
+    # NHWC problems: x (N, H, W, C), weights (KH, KW, C, F); transposed (KH, KW, C_out, C_in).
+    dcgan = next(l for l in run.SUITE if l.name == "dcgan4x4s2").problem("NHWC")
+    assert dcgan.input_shape == (8, 28, 28, 64) and dcgan.weight_shape == (4, 4, 32, 64)
+    assert dcgan.output_shape == (8, 56, 56, 32)
+    odd = next(l for l in extra if l.name == "odd3x3s2").problem("NHWC")
+    assert odd.weight_shape == (3, 3, 64, 96) and odd.output_shape == (8, 15, 15, 96)
+
+
+def test_make_builds_the_bench_windows(run):
+    """Every window and layout the bench's rows call is in kernels.toml, so `make` builds them ahead."""
+    from convgen.specfile import load_spec_file
+    built = {(spec.window, spec.layout) for spec in load_spec_file(BENCH.parent / "kernels.toml")}
+    groups = run.row_groups([l.name for l in run.SUITE + run.EXTRA_SUITE + run.DEPTHWISE_SUITE], list(run.OPS),
+                            list(run.LAYOUTS))
+    needed = {}
+    for rows in groups.values():
+        for op, layer, layout in rows:
+            problem = layer.problem() if isinstance(layer, run.NdLayer) else layer.problem(layout)
+            for spec in run.specs_of(problem, "auto").values():
+                needed.setdefault((spec.window, spec.layout), layer.name)
+    missing = {f"{window} {layout} ({name})" for (window, layout), name in needed.items()
+               if (window, layout) not in built}
+    assert len(needed) > 10 and not missing, f"windows the bench calls that kernels.toml lacks: {missing}"
+
+
+@pytest.mark.parametrize("op, layer", [
+    ("forward", ("tiny3x3", 2, 8, 9, 7, 8, 3, 1, 1)),
+    ("backward", ("tiny3x3", 2, 8, 9, 7, 8, 3, 1, 1)),
+    ("transposed", ("tiny4x4s2", 2, 6, 5, 4, 3, 4, 2, 1, True)),
+    ("transposed_backward", ("tiny4x4s2", 2, 6, 5, 4, 3, 4, 2, 1, True)),
+], ids=["forward", "backward", "transposed", "transposed_backward"])
+def test_an_nhwc_row_checks_every_result_against_numpy(run, op, layer):
+    """A tiny NHWC row, run once: convgen (NHWC arrays) and PyTorch (channels_last) agree with NumPy's
+    result in NHWC; every result has the NHWC shapes."""
+    from convgen.baselines import torch_module
+    torch = torch_module()
+    layer = run.Layer(*layer)
+    case = run.make_case(op, layer, torch, layout="NHWC")
+    assert {"specialized", "generic", "numpy"} <= set(case.funcs) and ("pytorch" in case.funcs) == (torch is not None)
+    problem = layer.problem("NHWC")
+    for name, func in case.funcs.items():
+        result = func()
+        result = func.as_numpy(result) if hasattr(func, "as_numpy") else result
+        shapes = [a.shape for a in (result if isinstance(result, tuple) else (result,))]
+        expected = ([problem.output_shape] if op in ("forward", "transposed")
+                    else [problem.input_shape, problem.weight_shape, (layer.f,)])
+        assert shapes == expected, (name, shapes)
+    row = run.run_case(case, repeat=1, min_time=0.0)
+    assert all(e <= min(1e-4, case.error_limits[i]) for i, e in row["errors"].items()), row["errors"]
+    assert not run.report.wrong_results([row])
+    with pytest.raises(ValueError, match="layout"):
+        run.make_case(op, layer, None, layout="NWHC")
+
+
+def test_a_quick_run_of_a_layer_outside_the_suite(run, tmp_path):
+    """bench/run.py's main on one layer outside the suite, forward, both layouts: each result agrees
+    with NumPy's (else the exit status is 1) and the report has the section and the targets."""
+    status = run.main(["--quick", "--repeat", "1", "--no-torch", "--no-chart", "--wait-quiet", "0",
+                       "--layers", "odd5x5", "--ops", "forward", "--out", str(tmp_path)])
+    assert status == 0
+    text = (tmp_path / "bench.md").read_text()
+    table = text.split("### Forward (conv2d), outside the suite")[1].split("##")[0]
+    assert "| odd5x5 | NCHW | 4×48×13×13 → 48 ch, k5s1p2 |" in table
+    assert "| odd5x5 | NHWC | 4×48×13×13 → 48 ch, k5s1p2 |" in table
+    assert "## Targets (issue 11, NHWC and every layer)" in text and "**part of the suite only**" in text
+    assert "## Forward (conv2d)\n" not in text and "## NHWC" not in text  # no suite layer ran
+    details = text.split("## Times per call")[1]
+    assert "| forward | odd5x5 NHWC |" in details and "WRONG" not in details
+
+
+def _nhwc_and_extra(run):
+    """Made-up NHWC rows of the suite and rows outside it; spec/PyTorch in the comments."""
+    dense = dict(specialized=1.0, generic=1.1, numpy=9.0)
+
+    def row(op, layer, layout, torch, algorithm="direct"):
+        return _row(run, op, layer, algorithm, dict(dense, pytorch=torch), layout=layout)
+
+    nhwc = [row("forward", "resnet3x3", "NHWC", 1.5, "winograd F(4x4)"),  # 1.50×
+            row("forward", "resnet3x3s2", "NHWC", 0.95),                  # 0.95×
+            row("backward", "resnet3x3", "NHWC", 1.2),                    # 1.20×
+            row("backward", "batch1_3x3", "NHWC", 1.1),                   # 1.10×
+            row("transposed", "dcgan4x4s2", "NHWC", 0.8)]                 # 0.80×
+    extra = [row("forward", "odd5x5", "NCHW", 1.0), row("forward", "odd5x5", "NHWC", 0.85),
+             row("forward", "batch64_3x3", "NCHW", 1.44), row("forward", "batch64_3x3", "NHWC", 1.0),
+             row("backward", "odd5x5", "NCHW", 2.0), row("backward", "odd5x5", "NHWC", 1.8)]
+    return nhwc, extra
+
+
+def test_nhwc_and_extra_tables(run, report, tmp_path):
+    results = _results(run)
+    nhwc, extra = _nhwc_and_extra(run)
+    text = report.markdown(results, FMA, _info(), nhwc=nhwc, extra=extra)
+    order = ["## Forward (conv2d)\n", "## Targets (Winograd issue)", "## NHWC (the suite in channels-last layout)",
+             "### Forward (conv2d), NHWC", "### Transposed forward (conv_transpose2d), NHWC",
+             "## Layers outside the suite", "### Forward (conv2d), outside the suite",
+             "### Backward (dx + dw + db), outside the suite", "## Targets (issue 11, NHWC and every layer)"]
+    assert [text.index(heading) for heading in order] == sorted(text.index(heading) for heading in order)
+    forward = text.split("### Forward (conv2d), NHWC")[1].split("###")[0]
+    assert "| layer | algorithm | GFLOP |" in forward  # one layout: no layout column
+    assert "PyTorch channels_last eff. GFLOP/s (% peak)" in forward and "spec/PyTorch channels_last" in forward
+    resnet = next(line for line in forward.splitlines() if line.startswith("| resnet3x3 "))
+    assert "| winograd F(4x4) |" in resnet and "| 1.50× |" in resnet
+    assert "**geometric mean**" in forward and "1.19×" in forward  # sqrt(1.5 · 0.95)
+    outside = text.split("### Forward (conv2d), outside the suite")[1].split("###")[0]
+    assert "| layer | layout | shape | algorithm | GFLOP |" in outside
+    assert "| odd5x5 | NHWC | 4×48×13×13 → 48 ch, k5s1p2 | direct |" in outside
+    nchw_mean = next(line for line in outside.splitlines() if line.startswith("| **geometric mean, NCHW**"))
+    nhwc_mean = next(line for line in outside.splitlines() if line.startswith("| **geometric mean, NHWC**"))
+    assert nchw_mean.endswith("| 1.20× |  |  |") and nhwc_mean.endswith("| 0.92× |  |  |")  # sqrt(1.44), sqrt(.85)
+    assert "| forward | resnet3x3 NHWC |" in text.split("## Times per call")[1]
+
+    # The NCHW tables read back as before: NHWC and outside rows do not replace the suite's ratios.
+    earlier = tmp_path / "bench.md"
+    earlier.write_text(text)
+    ratios = report.read_previous(earlier)["ratios"]
+    assert ratios[("forward", "resnet3x3")] == pytest.approx(2.0) and ("forward", "odd5x5") not in ratios
+    assert text.split("## NHWC")[0] == report.markdown(results, FMA, _info()).split("## Targets (issue 11")[0]
+
+
+def test_issue11_targets(run, report):
+    results = _results(run)
+    nhwc, extra = _nhwc_and_extra(run)
+    lines = report.issue11_targets(results, nhwc, extra)
+    assert len(lines) == 5
+    # NHWC forward: geometric mean sqrt(1.5 · 0.95) = 1.19× ≥ 1.1×, but resnet3x3s2 is below 1.0×.
+    assert lines[0].startswith("- NHWC forward: specialized ≥ 1.0× PyTorch channels_last on every layer of the "
+                               "suite, ≥ 1.1× on the geometric mean: ")
+    assert lines[0].endswith("**not met** — 1.19× (resnet3x3 1.50×, resnet3x3s2 0.95×); "
+                             "below 1.0×: resnet3x3s2 0.95×")
+    assert lines[1].startswith("- NHWC backward")
+    assert lines[1].endswith("**met** — 1.15× (resnet3x3 1.20×, batch1_3x3 1.10×)")
+    # Every layer, NCHW suite and both layouts outside it: odd5x5 NHWC 0.85× forward; backward lowest 1.33×.
+    assert lines[2].startswith("- forward: specialized ≥ 0.9× PyTorch on every layer of the suite (NCHW) and "
+                               "outside it (NCHW, and NHWC against channels_last): ")
+    assert lines[2].endswith("**not met** — lowest 0.85× (odd5x5 NHWC); below 0.9×: odd5x5 NHWC 0.85×")
+    assert lines[3].endswith("**met** — lowest 1.33× (resnet3x3)")
+    # Transposed, both layouts: deconv3x3 (NCHW) 1.20×, dcgan4x4s2 NHWC 0.80×.
+    assert lines[4].endswith("**not met** — lowest 0.80× (transposed dcgan4x4s2 NHWC); "
+                             "below 0.9×: transposed dcgan4x4s2 NHWC 0.80×")
+    # Without those rows, or without PyTorch, the lines say so.
+    assert all(line.endswith(": not measured") for line in report.issue11_targets([], [], []))
+    no_torch = [dict(r, seconds={i: t for i, t in r["seconds"].items() if i != "pytorch"}) for r in nhwc]
+    assert report.issue11_targets([], no_torch, [])[0].endswith(": not measured")
+    assert "**met** — 1.50× (resnet3x3 1.50×)" in report.issue11_targets([], nhwc[:1], [])[0]
