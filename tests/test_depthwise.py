@@ -153,6 +153,17 @@ def test_nchw_forward_every_row_and_column_remainder(window, dtype):
                          dtype, f"forward {h}x{w}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
+    """512 float32 or 256 float64 channels, rows long enough for the path straight from x, which
+    such a pixel stride sends through the tiles instead."""
+    window, c = Window(3, 1, 1), 2048 // np.dtype(dtype).itemsize
+    x, weight, bias = _arrays(seeded_rng("depthwise-aliased", dtype), 1, c, 3, 20, 1, window, "NHWC", dtype)
+    kw = _window_kwargs(window, c, "NHWC")
+    assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), reference.conv2d(x, weight, bias, **kw), dtype,
+                 "forward")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_forward_of_an_input_past_the_caches(layout, threads):
     """An input of more than 1 MiB: the forward pass prefetches each next work item's input."""
