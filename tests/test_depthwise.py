@@ -164,10 +164,12 @@ def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
                  "forward")
 
 
+@pytest.mark.parametrize("c", [40, 72])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_forward_of_an_input_past_the_caches(layout, threads):
-    """An input of more than 1 MiB: the forward pass prefetches each next work item's input."""
-    window, c = Window(3, 1, 1), 40
+def test_forward_of_an_input_past_the_caches(layout, c, threads):
+    """An input of more than 1 MiB: the forward pass prefetches each next work item's input. NHWC
+    with 72 channels computes row after row, with 40 (fewer than 4 vectors) block after block."""
+    window = Window(3, 1, 1)
     x, weight, bias = _arrays(seeded_rng("depthwise-large", layout), 2, c, 60, 61, 1, window, layout, np.float32)
     kw = _window_kwargs(window, c, layout)
     expected = reference.conv2d(x, weight, bias, **kw)
