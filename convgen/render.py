@@ -121,7 +121,9 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         context.update(_winograd_context(spec))
     if spec.family == "depthwise":
         taps = spec.window.kernel[0] * spec.window.kernel[1] if spec.specialized else None
-        context.update(depthwise.template_context(spec.window),
+        registers = 32 if schedule.vector_bytes == 64 else 16  # AVX-512: 32 zmm; AVX2, SSE: 16
+        context.update(depthwise.template_context(spec.window, registers, int(schedule.depthwise_rows),
+                                                  int(schedule.depthwise_vectors)),
                        DW_PIXELS=int(schedule.depthwise_pixels), DW_VECTORS=int(schedule.depthwise_vectors),
                        DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
     return context

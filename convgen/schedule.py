@@ -53,6 +53,9 @@ class Schedule:
     # block), and output vectors per step of the NCHW kernels (independent accumulator chains).
     depthwise_pixels: int = 4
     depthwise_vectors: int = 2
+    # Output rows per step of the specialized NCHW forward pass: each loaded input vector serves
+    # every row whose taps read it (fewer when rows × vectors accumulators would not fit in registers).
+    depthwise_rows: int = 4
     # `algorithm="auto"` takes the depthwise family from this many channels up. Depthwise layers
     # have tens to hundreds; below it the direct modules keep computing small grouped convolutions
     # (the tests have many, across dozens of windows), which would otherwise each build a second
@@ -140,8 +143,9 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
                  "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
-                 "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_min_channels", "pixel_rows_min_work",
-                 "pixel_rows_dx_vector_share", "pixel_rows_nchw_max_pixels"):
+                 "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_rows",
+                 "depthwise_min_channels", "pixel_rows_min_work", "pixel_rows_dx_vector_share",
+                 "pixel_rows_nchw_max_pixels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")

@@ -4,7 +4,8 @@ Every op (forward; dx and dW through conv2d_backward; the transposed pair, whose
 same three) over the windows of tests/grid.py, specialized and generic, one and two filters per
 channel, on sizes that reach every path: channels past one vector and not a multiple of it, fewer
 channels than one vector, rows no multiple of the vector width, images smaller than the window,
-1×1 images. Also: which family the planner picks, adjoint identities, central-difference
+1×1 images; the NCHW forward pass's row blocks on every height and width remainder, and inputs
+large enough to be prefetched. Also: which family the planner picks, adjoint identities, central-difference
 gradients, the same bits on 1, 2 and 3 threads, the spec's text and the spec files.
 """
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import cli, planner, reference
+from convgen import cli, depthwise, planner, reference
 from convgen.kernels import settings
 from convgen.render import render
 from convgen.resolve import conv_problem, transposed_problem
@@ -102,6 +103,79 @@ def test_odd_sizes(case, layout, specialize):
     n, c, h, w, multiplier, window = case
     for dtype in DTYPES:
         check_all_ops(n, c, h, w, multiplier, window, layout, dtype, specialize, seeded_rng("odd", case, layout, dtype))
+
+
+# ------------------------------------------------------------------ the NCHW forward pass's row blocks
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(5, 1, 2), Window(5, 2, 2), Window(3, 1, 2, 2),
+                                    Window((2, 5), (1, 3), ((1, 0), (2, 1)), (2, 1))], ids=lambda w: w.short())
+def test_row_block_loads_each_plane_vector_once(window):
+    """Every (output row, tap) pair of a step is served by exactly one load, at the plane, row and
+    column the tap reads; no two loads read the same place."""
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    for rows in (1, 2, 4):
+        block = depthwise.row_block(window, rows)
+        places = [(block.bases[base], column) for base, column, _ in block.loads]
+        assert len(set(places)) == len(places)
+        served = {}
+        for ((plane, row), column), (_, _, uses) in zip(places, block.loads):
+            for r, tap in uses:
+                assert (r, tap) not in served
+                served[(r, tap)] = (plane, row, column)
+        i_j = [(i, j) for i in range(kh) for j in range(kw)]
+        assert served == {(r, t): (((i * dh) % sh) * sw + (j * dw) % sw, r + (i * dh) // sh, (j * dw) // sw)
+                          for r in range(rows) for t, (i, j) in enumerate(i_j)}
+    # 5×5 at stride 1, 4 rows: 8 plane rows of 5 columns each, 40 loads for 100 multiply-adds.
+    assert len(depthwise.row_block(Window(5, 1, 2), 4).loads) == 40
+
+
+def test_row_block_shape_fits_the_registers():
+    assert depthwise.row_block_shape(9, 32, 4, 2) == (4, 2)    # 3×3, AVX-512: 9 weights + 8 sums
+    assert depthwise.row_block_shape(25, 32, 4, 2) == (4, 1)   # 5×5: 25 weights + 4 sums + 1 loaded
+    assert depthwise.row_block_shape(9, 16, 4, 2) == (4, 1)    # 3×3, 16 registers
+    assert depthwise.row_block_shape(12, 16, 4, 2) == (2, 1)
+    assert depthwise.row_block_shape(49, 32, 4, 2) == (4, 2)   # weights from memory: as asked
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(5, 2, 2), Window(3, 2, 0)], ids=lambda w: w.short())
+def test_nchw_forward_every_row_and_column_remainder(window, dtype):
+    """Heights that leave every number of rows after the last full step, widths below one vector,
+    of exactly one, and past two (a step of several vectors, then single ones), batch 1; stride 2
+    with even and odd left padding (which column phase the even input columns go to)."""
+    rng = seeded_rng("depthwise-rows", window, dtype)
+    for h in range(1, 11):
+        for w in (1, 5, 16, 17, 45):
+            if any(n + sum(pads) < extent for n, pads, extent in zip((h, w), window.padding, window.effective_kernel)):
+                continue  # no output: the window does not fit
+            x, weight, bias = _arrays(rng, 1, 3, h, w, 1, window, "NCHW", dtype)
+            kw = _window_kwargs(window, 3, "NCHW")
+            assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), reference.conv2d(x, weight, bias, **kw),
+                         dtype, f"forward {h}x{w}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
+    """512 float32 or 256 float64 channels, rows long enough for the path straight from x, which
+    such a pixel stride sends through the tiles instead."""
+    window, c = Window(3, 1, 1), 2048 // np.dtype(dtype).itemsize
+    x, weight, bias = _arrays(seeded_rng("depthwise-aliased", dtype), 1, c, 3, 20, 1, window, "NHWC", dtype)
+    kw = _window_kwargs(window, c, "NHWC")
+    assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), reference.conv2d(x, weight, bias, **kw), dtype,
+                 "forward")
+
+
+@pytest.mark.parametrize("c", [40, 72])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_of_an_input_past_the_caches(layout, c, threads):
+    """An input of more than 1 MiB: the forward pass prefetches each next work item's input. NHWC
+    with 72 channels computes row after row, with 40 (fewer than 4 vectors) block after block."""
+    window = Window(3, 1, 1)
+    x, weight, bias = _arrays(seeded_rng("depthwise-large", layout), 2, c, 60, 61, 1, window, layout, np.float32)
+    kw = _window_kwargs(window, c, layout)
+    expected = reference.conv2d(x, weight, bias, **kw)
+    for count in (1, 2):
+        threads(count)
+        assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
 
 
 # ------------------------------------------------------------------------------------ the planner
@@ -241,7 +315,7 @@ def test_specialized_source_has_the_taps_written_out(layout):
         assert f"g->{field}" not in source
     assert "for (int64_t i = 0; i <" not in source and "for (int64_t j = 0; j <" not in source
     if layout == "NCHW":  # the filter in broadcast registers, tap 8 of 9 the last
-        assert "const vec_t w8 = vsplat(wf[8]);" in source and "w8 * vload(r" in source
+        assert "const vec_t w8 = vsplat(wf[8]);" in source and "w8 * x;" in source
     else:  # tap 8's weight vector of each block, at a constant offset
         assert f"vload(wb + {8 * settings().schedule().lanes('float32')})" in source
     generic = render(ConvSpec(None, "float32", layout, "depthwise"), settings().schedule()).source
