@@ -100,6 +100,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         "DOT_K": int(schedule.dot_columns),
         "MAX_UNROLLED_WINDOW": MAX_UNROLLED_WINDOW,
         "PIXEL_ROWS": [int(r) for r in schedule.pixel_rows],
+        "PIXEL_ROWS_DW": [int(r) for r in schedule.pixel_rows_dw],
         "ROWS_MIN_WORK": int(schedule.pixel_rows_min_work),
         "ROWS_DX_VECTOR_SHARE": int(schedule.pixel_rows_dx_vector_share),
         "ROWS_NCHW_MAX_PIXELS": int(schedule.pixel_rows_nchw_max_pixels),

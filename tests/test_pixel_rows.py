@@ -9,7 +9,9 @@ partial last tiles; windows inside the image (one pointer per pixel, and in NHWC
 row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros or the pixel
 the padding mode copies; NCHW gathers border rows); strides whose phases have different numbers of
 taps, phases with no taps at all (stride > kernel) and dilations; groups; images smaller than the
-window; tiles cut by the end of a block; the weight gradient split into parts of the pixels. Also:
+window; tiles cut by the end of a block; the weight gradient split into parts of the pixels, and
+(NHWC, zero padding) read in place with filters or channels in the lanes, its last tiles overlapping
+the ones before, over boxes of whole images or of rows of one. Also:
 the same bits on 1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules,
 the default routing, and that the modules carry the kernels.
 """
@@ -44,6 +46,8 @@ CASES = [
     (1, 24, 1, 1, 130, Window((3, 3), 1, 1), 1),         # a 1x1 image; 130 filters = 2 x 64 + 2
     (2, 10, 13, 13, 20, Window((4, 3), (2, 1), ((1, 2), (0, 1)), 1), 1),  # asymmetric padding
     (4, 32, 14, 14, 48, Window((3, 3), 1, 1), 1),        # a block of 96 output pixels and more
+    (1, 6, 17, 17, 64, Window((3, 3), 1, 1), 1),         # NHWC dW in place: boxes of output rows
+    (2, 40, 7, 6, 12, Window((3, 3), 1, 1), 1),          # NHWC dW in place, channels in the lanes
 ]
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
