@@ -70,8 +70,8 @@ class Schedule:
     pixel_rows: tuple[int, ...] = (12, 6, 4)
     # ... and the rows of the weight gradient's tiles that read x and dy in place (one per tile width,
     # as many widths as pixel_rows): no row pointers, so the accumulators may take more registers.
-    # AVX-512 16 rows x 1 vector: 16 channels x 16 filters in one tile (1.3x faster than 12 rows on
-    # such layers, whose 16 channels took a second, overlapping tile of 12).
+    # AVX-512 16 rows x 1 vector: 16 channels x 16 filters in one tile (measured 1.2-1.3x faster than
+    # 12 rows on batch64_3x3 and narrow3x3, whose 16 channels took a second, overlapping tile of 12).
     pixel_rows_dw: tuple[int, ...] = (12, 6, 4)
     # Layers with very few channels keep the phase-plane kernels (pixels in the lanes): the forward
     # pass and dW below pixel_rows_min_work = cg × fg multiply-adds per tap and pixel, the input
