@@ -148,10 +148,10 @@ def test_adjoint_identities(case, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[13]], ids=_ids)
 def test_every_thread_count_gives_the_same_bits(case, layout, threads):
-    """Each output of the pixel-row kernels is summed by one work item in a fixed order, and the NHWC
-    weight gradient's split of the pixels into parts (one-channel and few-row layers) depends on the
-    sizes only: 1, 2 and 3 threads give identical results. (The NCHW weight gradient, the phase-plane
-    kernel's, sums per thread: it agrees within rounding.)"""
+    """Each output of the pixel-row kernels is summed by one work item in a fixed order, and the weight
+    gradient's split of the pixels into parts (few-row layers) depends on the sizes only: 1, 2 and 3
+    threads give identical results. (An NCHW weight gradient the phase-plane kernel computes sums per
+    thread: it agrees within rounding.)"""
     rng = seeded_rng("pixel rows threads", case, layout)
     x, weight, bias = _arrays(rng, case, "float32", layout)
     dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout=layout).shape).astype(np.float32)
@@ -200,11 +200,12 @@ def test_the_default_routing(case, layout):
 
 
 def test_the_modules_carry_the_pixel_rows():
-    """The direct modules call the pixel-row kernels: every op in NHWC, forward and dx in NCHW."""
-    window = Window((3, 3), 2, 1)
+    """The direct modules call the pixel-row kernels for every op in both layouts; the Winograd
+    modules for the weight gradient (theirs is the direct family's)."""
     schedule = settings().schedule()
-    nhwc = render(ConvSpec(window, "float32", "NHWC"), schedule).source
-    nchw = render(ConvSpec(window, "float32", "NCHW"), schedule).source
-    for name in ("rows_forward(g,", "rows_backward_data(g,", "rows_backward_weight(g,"):
-        assert name in nhwc
-    assert "rows_forward(g," in nchw and "rows_backward_data(g," in nchw and "rows_backward_weight(g," not in nchw
+    for layout in LAYOUTS:
+        direct = render(ConvSpec(Window((3, 3), 2, 1), "float32", layout), schedule).source
+        for name in ("rows_forward(g,", "rows_backward_data(g,", "rows_backward_weight(g,"):
+            assert name in direct
+        winograd = render(ConvSpec(Window((3, 3), 1, 1), "float32", layout, family="winograd", tile=4), schedule).source
+        assert "return rows_backward_weight(g," in winograd
