@@ -40,8 +40,8 @@ def op_tests() -> list[str]:
 # narrowed to k3s2p1 and k3s1p1 (which Winograd computes, and the depthwise family's kernels too),
 # the depthwise tests' odd sizes, 8 threads calling kernels at once, the padding modes' adjoint
 # identities (the generic build in every mode and layout; reflect, replicate and circular windows
-# specialized) and the pixel-row kernels' border, phase and partial-tile cases (generic, both
-# layouts); the kernels are built in parallel first (those of the thread and padding-mode tests
+# specialized) and the pixel-row kernels' border, phase, partial-tile and in-place weight-gradient
+# cases (generic, both layouts); the kernels are built in parallel first (those of the thread and padding-mode tests
 # are listed by hand: a missing one is only built later, one at a time).
 _PADDING_MODE_ADJOINTS = "tests/test_padding_modes.py::test_adjoint_identities_hold_in_every_mode"
 QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
@@ -52,8 +52,10 @@ QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
     [f"{_PADDING_MODE_ADJOINTS}[{case}-specialized]" for case in ("NCHW-reflect", "NCHW-replicate", "NHWC-circular")] + \
     [f"tests/test_pixel_rows.py::test_every_op_matches_the_reference[{case}-{layout}-float32-generic]" for case in (
         "1x17x11x10-40-k3s2p1-g1", "2x3x15x14-64-k7s2p3-g1", "3x1x12x12-16-k5s1p2-g1", "2x12x10x9-36-k2x5s1x3p1x2-g3",
-        "1x7x9x9-11-k1s3p0-g1", "2x9x4x3-13-k5s1p2-g1", "1x24x1x1-130-k3s1p1-g1") for layout in ("NHWC", "NCHW")] + \
-    [f"tests/test_pixel_rows.py::test_padding_modes[generic-{mode}-NHWC]" for mode in ("reflect", "circular")]
+        "1x7x9x9-11-k1s3p0-g1", "2x9x4x3-13-k5s1p2-g1", "1x24x1x1-130-k3s1p1-g1", "1x6x17x17-64-k3s1p1-g1",
+        "2x40x7x6-12-k3s1p1-g1") for layout in ("NHWC", "NCHW")] + \
+    [f"tests/test_pixel_rows.py::test_padding_modes[generic-{mode}-{layout}]" for mode in ("reflect", "circular")
+     for layout in ("NHWC", "NCHW")]
 QUICK_WINDOWS = "k3s2p1 k3s1p1"
 _BOTH = [(dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")]
 QUICK_SPECS = [("k3s2p1", *both) for both in _BOTH] + [("generic", *both) for both in _BOTH] + \
