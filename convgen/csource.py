@@ -92,6 +92,9 @@ def _defined_names(code: str, is_function: bool) -> set[str]:
     elif re.search(r"\(\s*\*\s*[A-Za-z_]\w*\s*\)", code):
         # A function pointer: typedef int (*name)(...); or int (*name)(...) = ...;
         names.add(re.search(r"\(\s*\*\s*([A-Za-z_]\w*)\s*\)", code).group(1))
+    elif re.match(r"\s*typedef\b", code) and "(" in head:
+        # A function type: typedef int name(...);
+        names |= set(_IDENTIFIER.findall(head[:head.index("(")])[-1:])
     else:
         # A plain declaration: the last name before any initializer, array bound or the semicolon.
         head = re.split(r"[=\[;]", code, maxsplit=1)[0]
