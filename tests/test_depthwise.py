@@ -141,10 +141,11 @@ def test_row_block_shape_fits_the_registers():
 def test_nchw_forward_every_row_and_column_remainder(window, dtype):
     """Heights that leave every number of rows after the last full step, widths below one vector,
     of exactly one, and past two (a step of several vectors, then single ones), batch 1; stride 2
-    with even and odd left padding (which column phase the even input columns go to)."""
+    with even and odd left padding (which column phase the even input columns go to), its column
+    split by scalars, by half vectors (25: overlapping ones) and by whole vectors."""
     rng = seeded_rng("depthwise-rows", window, dtype)
     for h in range(1, 11):
-        for w in (1, 5, 16, 17, 45):
+        for w in (1, 5, 16, 17, 25, 45):
             if any(n + sum(pads) < extent for n, pads, extent in zip((h, w), window.padding, window.effective_kernel)):
                 continue  # no output: the window does not fit
             x, weight, bias = _arrays(rng, 1, 3, h, w, 1, window, "NCHW", dtype)
