@@ -334,13 +334,50 @@ def test_tensors_on_other_devices_are_refused():
         cgt.conv_transpose2d(x, w.as_subclass(ElsewhereTensor))
 
 
-def test_nonzero_padding_modes_are_refused_by_name():
-    with pytest.raises(ValueError, match="supports padding_mode='zeros' only .* got padding_mode='reflect'"):
-        cgt.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
-    layer = cgt.Conv2d(3, 4, 3, padding=1)
-    layer.padding_mode = "circular"
-    with pytest.raises(ValueError, match="padding_mode='circular'"):
-        layer(torch.randn(1, 3, 5, 5))
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_padding_modes_agree_with_pytorchs_conv2d(mode, fmt):
+    """Conv2d's padding modes, forward and every gradient, against torch.nn.Conv2d with the same
+    Parameters (which pads a copy of the input with F.pad); a second input without a weight gradient
+    takes the dx-only path."""
+    torch.manual_seed(5)
+    theirs = torch.nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2,
+                             padding_mode=mode).double()
+    ours = cgt.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2, padding_mode=mode,
+                      dtype=torch.float64)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 4, 7, 6, dtype=torch.float64).to(memory_format=FORMATS[fmt])
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    expected, got = theirs(xs[0]), ours(xs[1])
+    assert got.is_contiguous(memory_format=FORMATS[fmt])
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    dy = torch.randn_like(expected)
+    expected.backward(dy)
+    got.backward(dy)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, rtol=0, atol=1e-12)
+
+    ours.requires_grad_(False)
+    theirs.requires_grad_(False)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    theirs(xs[0]).backward(dy)
+    ours(xs[1]).backward(dy)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=0, atol=1e-12)
+
+
+def test_padding_mode_gradcheck_and_refusals():
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: cgt.conv2d(x, w, None, 1, (2, 1), padding_mode="reflect"), (x, w))
+    with pytest.raises(ValueError, match="padding_mode must be one of .* got 'mirror'"):
+        cgt.conv2d(x, w, padding=1, padding_mode="mirror")
+    with pytest.raises(ValueError, match="reflect"):  # PyTorch's rule: reflect pads less than the input
+        cgt.conv2d(x, w, padding=(5, 1), padding_mode="reflect")
+    layer = cgt.ConvTranspose2d(2, 3, 3, padding=1)
+    layer.padding_mode = "circular"  # the constructor refuses it, as PyTorch's
+    with pytest.raises(ValueError, match="Only 'zeros' padding mode is supported for ConvTranspose2d, got 'circular'"):
+        layer(torch.randn(1, 2, 5, 5))
 
 
 # ------------------------------------------------------------------------------------ modules
@@ -440,11 +477,11 @@ def test_convert_leaves_what_convgen_does_not_compute_and_says_why():
         spectral=torch.nn.utils.parametrizations.spectral_norm(torch.nn.Conv2d(2, 2, 3)),
         done=cgt.Conv2d(2, 2, 3), transposed=torch.nn.ConvTranspose2d(2, 2, 4, stride=2, padding=1)))
     report = cgt.convert(model)
-    assert [entry.name for entry in report.swapped] == ["shared_a", "transposed"]
+    assert [entry.name for entry in report.swapped] == ["shared_a", "reflect", "transposed"]
+    assert type(model["reflect"]) is cgt.Conv2d and model["reflect"].padding_mode == "reflect"
     assert model["shared_a"] is model["inner"][0] and type(model["inner"][0]) is cgt.Conv2d
     reasons = {entry.name: entry.reason for entry in report.left}
     assert reasons == {
-        "reflect": "padding_mode='reflect': convgen pads with zeros only",
         "float16": "dtype torch.float16: convgen computes float32 and float64",
         "conv1d": "convgen computes Conv2d, ConvTranspose2d, not Conv1d",
         "hooked": "has forward or backward hooks (old-style weight_norm is one), which a swap would drop",

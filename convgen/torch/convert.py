@@ -1,7 +1,7 @@
 """`convert(model)`: swap a model's PyTorch convolutions for their convgen twins, and say what happened.
 
-A module is swapped when its type is exactly one of `TWINS`' keys and convgen computes it: padding
-with zeros, float32 or float64 weights on the CPU, no hooks, no parametrization, nothing but its
+A module is swapped when its type is exactly one of `TWINS`' keys and convgen computes it: float32
+or float64 weights on the CPU (any padding_mode), no hooks, no parametrization, nothing but its
 weight and bias. The twin holds the very same Parameter objects (an optimizer built before the swap
 keeps working) and the same training flag; everything else in the model is left alone.
 """
@@ -61,8 +61,6 @@ def _reason_to_leave(module: torch.nn.Module) -> str | None:
             if isinstance(module, base):
                 return f"a subclass of torch.nn.{base.__name__}, whose forward may differ"
         return f"convgen computes {', '.join(base.__name__ for base in TWINS)}, not {type(module).__name__}"
-    if module.padding_mode != "zeros":
-        return f"padding_mode={module.padding_mode!r}: convgen pads with zeros only"
     if module.weight.dtype not in DTYPES:
         return f"dtype {module.weight.dtype}: convgen computes float32 and float64"
     if module.weight.device.type != "cpu":

@@ -10,7 +10,8 @@ from __future__ import annotations
 from .library import apply
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto"):
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
+           padding_mode="zeros"):
     """2-D convolution, as `torch.nn.functional.conv2d`, computed by convgen.
 
     input : (N, C, H, W) or (C, H, W); weight : (F, C/groups, KH, KW); bias : (F,) or None.
@@ -18,10 +19,13 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         or "same" (for stride 1 PyTorch's rule; for larger strides convgen's, TensorFlow's: output
         ceil(H / stride)).
     algorithm : "auto", "direct" or "winograd", as for `convgen.conv2d`.
+    padding_mode : "zeros" (default), "reflect", "replicate" or "circular", as `torch.nn.Conv2d`'s
+        (which `torch.nn.functional.conv2d` lacks): the kernels read the padding from the image, with
+        no padded copy, and the backward pass adds its gradient back into the pixels it copied.
 
     A channels_last input is computed in NHWC without a copy and gives a channels_last output.
     """
-    return apply("conv2d", input, weight, bias, stride, padding, 0, dilation, groups, algorithm)
+    return apply("conv2d", input, weight, bias, stride, padding, 0, dilation, groups, algorithm, padding_mode)
 
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,

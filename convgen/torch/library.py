@@ -12,7 +12,8 @@ node) with three parts:
 Memory formats map to convgen's layouts: a contiguous tensor is computed as "NCHW", a channels_last
 one as "NHWC" (its memory *is* an NHWC array), and the result comes back in the same memory format.
 Any other strides are made contiguous first. Every op takes the same arguments, as aten's
-`convolution` does: the forward convolutions ignore `output_padding` (always zeros).
+`convolution` does (plus `algorithm` and `padding_mode`): the forward convolutions ignore
+`output_padding` (always zeros), the transposed ones pad with zeros only, as PyTorch's.
 
 The ops are described by a table of `Kind`s; a convolution of another dimensionality (1-D, 3-D) is one
 more entry there, plus its public function, once convgen computes it.
@@ -28,7 +29,7 @@ import torch
 
 from .. import ops as convgen_ops
 from ..planner import as_algorithm
-from ..resolve import conv_problem, transposed_problem
+from ..resolve import as_padding_mode, conv_problem, transposed_problem
 from ..spec import Window, as_int, explicit_padding
 
 DTYPES = (torch.float32, torch.float64)
@@ -172,9 +173,10 @@ def _pairs(flat) -> tuple:
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
-def _convgen_kwargs(kind: Kind, stride, padding, output_padding, dilation, groups, algorithm, last) -> dict:
+def _convgen_kwargs(kind: Kind, stride, padding, output_padding, dilation, groups, algorithm, padding_mode,
+                    last) -> dict:
     kwargs = dict(stride=tuple(stride), padding=_pairs(padding), dilation=tuple(dilation), groups=groups,
-                  layout=kind.layouts[last], algorithm=algorithm)
+                  layout=kind.layouts[last], algorithm=algorithm, padding_mode=padding_mode)
     if kind.transposed:
         kwargs["output_padding"] = tuple(output_padding)
     return kwargs
@@ -194,7 +196,7 @@ def output_shape(kind: Kind, x_shape, w_shape, stride, padding, output_padding, 
     return [x_shape[0], kind.out_channels(w_shape, groups), *sizes]
 
 
-def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, last):
+def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last):
     """convgen's own checks of the shapes and parameters, where the sizes are known numbers (eager
     calls, and traces with static shapes), so a bad call fails where it is made, with convgen's message."""
     if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)):
@@ -206,40 +208,44 @@ def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dila
     if kind.transposed:
         kind.problem(*args, tuple(output_padding))
     else:
-        kind.problem(*args)
+        kind.problem(*args, padding_mode)
 
 
 def _schema(inputs: str, returns: str) -> str:
     return (f"({inputs}, SymInt[] stride, SymInt[] padding, SymInt[] output_padding, SymInt[] dilation, "
-            f"SymInt groups, str algorithm) -> {returns}")
+            f"SymInt groups, str algorithm, str padding_mode=\"zeros\") -> {returns}")
 
 
 def _define(kind: Kind):
     """Register the forward and backward custom ops of one kind, their fake implementations and the
     forward's autograd formula; returns the forward op."""
 
-    def forward(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+    def forward(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
+                 padding_mode="zeros"):
         last = channels_last(kind, x)
         y = getattr(convgen_ops, kind.forward)(
             image_array(kind, x, last), weight_array(kind, weight, last),
             None if bias is None else _numpy(bias.contiguous()),
-            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, last))
+            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, padding_mode, last))
         return image_tensor(kind, y, last)
 
-    def forward_fake(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+    def forward_fake(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
+                      padding_mode="zeros"):
         last = channels_last(kind, x)
-        _check_geometry(kind, x, weight, stride, padding, output_padding, dilation, groups, last)
+        _check_geometry(kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last)
         shape = output_shape(kind, x.shape, weight.shape, stride, padding, output_padding, dilation, groups)
         return _empty_image(kind, x, shape, last)
 
-    def backward(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+    def backward(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm,
+                  padding_mode="zeros"):
         last = channels_last(kind, x)  # dy follows x's layout, whatever its own strides
         dx, dw, db = getattr(convgen_ops, kind.backward)(
             image_array(kind, dy, last), image_array(kind, x, last), weight_array(kind, weight, last),
-            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, last))
+            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, padding_mode, last))
         return image_tensor(kind, dx, last), weight_tensor(kind, dw, last), torch.from_numpy(db)
 
-    def backward_fake(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+    def backward_fake(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm,
+                       padding_mode="zeros"):
         last = channels_last(kind, x)
         return (_empty_image(kind, x, x.shape, last), _empty_weight(kind, weight, last),
                 weight.new_empty([kind.out_channels(weight.shape, groups)]))
@@ -262,7 +268,9 @@ def _define(kind: Kind):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
         dx = dw = db = None
-        if need_w:  # convgen computes dx beside dw (there is no dw-only entry point)
+        # convgen computes dx beside dw (there is no dw-only entry point); the adjoint convolution gives
+        # dx alone only over zero padding
+        if need_w or (need_x and ctx.params[-1] != "zeros"):
             dx, dw, db = backward_op(dy, x, weight, *ctx.params)
         elif need_x:
             dx = _input_gradient(kind, dy, x, weight, *ctx.params)
@@ -274,7 +282,8 @@ def _define(kind: Kind):
     return forward_op
 
 
-def _input_gradient(kind: Kind, dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm):
+def _input_gradient(kind: Kind, dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm,
+                    padding_mode):
     """dx alone, as the adjoint convolution's forward pass (one kernel call instead of two).
 
     conv2d's dx is conv_transpose2d(dy) with the output padding that restores x's size (the rows the
@@ -288,7 +297,7 @@ def _input_gradient(kind: Kind, dy, x, weight, stride, padding, output_padding, 
                    for i, n in enumerate(spatial)]
     else:
         restore = [0] * kind.spatial
-    dx = OPS[adjoint.name](dy, weight, None, stride, padding, restore, dilation, groups, algorithm)
+    dx = OPS[adjoint.name](dy, weight, None, stride, padding, restore, dilation, groups, algorithm, padding_mode)
     if list(dx.shape[2:]) != list(spatial):
         dx = dx[(slice(None), slice(None), *(slice(0, n) for n in spatial))]
     return dx
@@ -321,7 +330,8 @@ def _check_tensors(kind: Kind, x, weight, bias):
         raise ValueError(f"bias must be 1-D (one value per output channel), got shape {tuple(bias.shape)}")
 
 
-def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm):
+def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
+          padding_mode="zeros"):
     """Check a public call's arguments, resolve them to the op's explicit lists and run the op."""
     kind = KINDS[kind_name]
     _check_tensors(kind, x, weight, bias)
@@ -332,6 +342,9 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
     dilation = _ints("dilation", dilation, kind.spatial)
     groups = as_int("groups", groups)
     algorithm = as_algorithm(algorithm)
+    padding_mode = as_padding_mode(padding_mode)
+    if kind.transposed and padding_mode != "zeros":
+        raise ValueError(f"{kind.name} pads with zeros only (as PyTorch's), got padding_mode={padding_mode!r}")
     pads, implied = kind.resolve_padding(padding, tuple(weight.shape[2:]), stride, dilation, x.shape[2:],
                                          kind.transposed)
     if kind.transposed:
@@ -344,7 +357,7 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
         output_padding = given
     else:
         output_padding = [0] * kind.spatial
-    y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm)
+    y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
     return y.squeeze(0) if unbatched else y
 
 

@@ -3,7 +3,8 @@
 `Conv2d` and `ConvTranspose2d` subclass PyTorch's own modules: the constructor, the parameters, their
 initialization, `state_dict` keys and `repr` are PyTorch's; only the forward pass runs convgen's
 custom ops (`convgen.torch.functional`). Each also takes a keyword-only `algorithm` ("auto",
-"direct", "winograd"), as convgen's own ops and layers do.
+"direct", "winograd"), as convgen's own ops and layers do. `Conv2d` computes every padding_mode
+PyTorch's does, without padding a copy of the input.
 """
 
 from __future__ import annotations
@@ -14,31 +15,23 @@ from ..planner import as_algorithm
 from .functional import conv2d, conv_transpose2d
 
 
-def check_padding_mode(module: torch.nn.Module, padding_mode) -> None:
-    """convgen pads with zeros only (for now): any other padding_mode is refused, by name."""
-    if padding_mode != "zeros":
-        raise ValueError(f"{type(module).__name__} supports padding_mode='zeros' only (convgen pads with zeros), "
-                         f"got padding_mode={padding_mode!r}; keep torch.nn.{type(module).__name__} for this layer")
-
-
 class Conv2d(torch.nn.Conv2d):
     """`torch.nn.Conv2d` whose forward pass runs convgen's kernels.
 
     Same constructor (and positional order) as `torch.nn.Conv2d`, plus the keyword-only `algorithm`;
-    padding_mode must be "zeros". Inputs: float32 or float64 CPU tensors, contiguous or channels_last.
+    every padding_mode ("zeros", "reflect", "replicate", "circular"). Inputs: float32 or float64 CPU
+    tensors, contiguous or channels_last.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", device=None, dtype=None, *, algorithm="auto"):
-        check_padding_mode(self, padding_mode)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                          device, dtype)
         self.algorithm = as_algorithm(algorithm)
 
     def _conv_forward(self, input, weight, bias):
-        check_padding_mode(self, self.padding_mode)
         return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                      algorithm=self.algorithm)
+                      algorithm=self.algorithm, padding_mode=self.padding_mode)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -54,13 +47,13 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None, *, algorithm="auto"):
-        check_padding_mode(self, padding_mode)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                          dilation, padding_mode, device, dtype)
         self.algorithm = as_algorithm(algorithm)
 
     def forward(self, input, output_size=None):
-        check_padding_mode(self, self.padding_mode)
+        if self.padding_mode != "zeros":  # PyTorch's own check, which its constructor also makes
+            raise ValueError(f"Only 'zeros' padding mode is supported for ConvTranspose2d, got {self.padding_mode!r}")
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               len(self.kernel_size), self.dilation)
         return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
