@@ -320,9 +320,10 @@ def test_extra_layers_and_row_groups(run):
 
 
 def test_make_builds_the_bench_windows(run):
-    """Every window and layout the bench's rows call is in kernels.toml, so `make` builds them ahead."""
+    """Every module the bench's rows call (window, layout, dtype, family, specialized or generic) is in
+    kernels.toml, so `make` builds them ahead."""
     from convgen.specfile import load_spec_file
-    built = {(spec.window, spec.layout) for spec in load_spec_file(BENCH.parent / "kernels.toml")}
+    built = set(load_spec_file(BENCH.parent / "kernels.toml"))
     groups = run.row_groups([l.name for l in run.SUITE + run.EXTRA_SUITE + run.DEPTHWISE_SUITE], list(run.OPS),
                             list(run.LAYOUTS))
     needed = {}
@@ -330,9 +331,8 @@ def test_make_builds_the_bench_windows(run):
         for op, layer, layout in rows:
             problem = layer.problem() if isinstance(layer, run.NdLayer) else layer.problem(layout)
             for spec in run.specs_of(problem, "auto").values():
-                needed.setdefault((spec.window, spec.layout), layer.name)
-    missing = {f"{window} {layout} ({name})" for (window, layout), name in needed.items()
-               if (window, layout) not in built}
+                needed.setdefault(spec, layer.name)
+    missing = {f"{spec} ({name})" for spec, name in needed.items() if spec not in built}
     assert len(needed) > 10 and not missing, f"windows the bench calls that kernels.toml lacks: {missing}"
 
 
