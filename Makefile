@@ -31,8 +31,10 @@ compare: build
 	$(CONVGEN) compare k7s2p3 --shape 8,3,224,224,64 --repeat 5
 	$(CONVGEN) compare k3s1p1 --shape 1,32,32,32,32 --repeat 5
 
+# One pytest-xdist worker per core: the tests compile their kernels on first use, one at a time per worker.
+TEST_WORKERS ?= auto
 test: $(INSTALLED)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 # The bench extra (matplotlib, torch==2.13.0). The CPU build is pinned first: it satisfies the extra's
 # torch==2.13.0, so pip never reaches for the multi-GB CUDA build, and fails plainly where it is missing.

@@ -15,11 +15,21 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def prebuilt_kernels():
-    """Compile the swept specs up front, all cores at once, instead of one by one on first use."""
+    """Compile the swept specs up front, all cores at once, instead of one by one on first use.
+
+    Under pytest-xdist (`make test` runs one worker per core) every worker builds them all with its
+    share of the cores, each starting at its own place in the list: a spec another worker is
+    compiling waits on the cache's lock, one it has finished is loaded from the cache."""
     import convgen
     from grid import all_specs
 
-    failures = {spec: out for spec, out in convgen.build_all(all_specs()).items() if isinstance(out, Exception)}
+    specs = all_specs()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    start = worker * len(specs) // workers
+    jobs = max(1, (os.cpu_count() or 1) // workers)
+    outcomes = convgen.build_all(specs[start:] + specs[:start], jobs=jobs)
+    failures = {spec: out for spec, out in outcomes.items() if isinstance(out, Exception)}
     assert not failures, f"kernel builds failed: {failures}"
 
 
