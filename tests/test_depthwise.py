@@ -179,6 +179,20 @@ def test_forward_of_an_input_past_the_caches(layout, c, threads):
         assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
 
 
+def test_nhwc_forward_of_an_output_past_the_caches(threads):
+    """An NHWC output of more than 8 MiB: the forward pass makes each row in a buffer and streams it to
+    y, whose rows start at every offset from a cache line (40 channels: a row of 230 pixels is not a
+    multiple of one); 40 channels also end in a block that overlaps the one before."""
+    window, c = Window(3, 1, 1), 40
+    x, weight, bias = _arrays(seeded_rng("depthwise-stream"), 1, c, 260, 230, 1, window, "NHWC", np.float32)
+    kw = _window_kwargs(window, c, "NHWC")
+    expected = reference.conv2d(x, weight, bias, **kw)
+    assert expected.nbytes > 8 << 20
+    for count in (1, 2):
+        threads(count)
+        assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
+
+
 # ------------------------------------------------------------------------------------ the planner
 def _plan(shape, layout, groups, per_group=1, transposed=False, specialize=True, algorithm="auto", dtype="float32"):
     """The family the planner picks for a depthwise-shaped call: x (N, C, H, W) in NCHW terms."""
