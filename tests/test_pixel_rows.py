@@ -215,8 +215,9 @@ def test_other_schedules(case, path, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[0], CASES[5], CASES[7]], ids=_ids)
 def test_the_default_routing(case, layout):
-    """By default the layers with very few channels run the phase-plane kernels, others the pixel
-    rows: either way, the reference's results."""
+    """By default the layers with very few channels run the phase-plane kernels (but the NHWC forward
+    pass of 1 to 4 channels the pixel rows' padded bands), others the pixel rows: either way, the
+    reference's results."""
     rng = seeded_rng("pixel rows routing", case, layout)
     x, weight, bias = _arrays(rng, case, "float64", layout)
     dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout=layout).shape)
