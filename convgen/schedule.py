@@ -75,7 +75,8 @@ class Schedule:
     pixel_rows_dw: tuple[int, ...] = (12, 6, 4)
     # Layers with very few channels keep the phase-plane kernels (pixels in the lanes): the forward
     # pass and dW below pixel_rows_min_work = cg × fg multiply-adds per tap and pixel, the input
-    # gradient when its channels fill less than 1 / pixel_rows_dx_vector_share of a vector; in NCHW,
+    # gradient when its channels fill less than 1 / pixel_rows_dx_vector_share of a vector (not the NHWC
+    # forward pass of at most 4 channels whose filters fill a vector: it reads padded bands); in NCHW,
     # also the forward pass of images of more than pixel_rows_nchw_max_pixels output pixels. Measured on AVX-512, float32,
     # 2 threads, pixel rows against phase planes in NCHW: 14x14 outputs (ResNet's stride-2 3x3 and
     # 1x1 layers) 1.16-1.47x and 28x28 (DCGAN's forward) 1.56x faster, 32x32 (batch1_3x3) 0.74x and

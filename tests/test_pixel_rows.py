@@ -129,6 +129,31 @@ def test_padding_modes(mode, specialize, layout):
         assert_close(got, want, np.float64, name)
 
 
+# NHWC forward passes of few channels (at most 4), which read their input rows copied into padded
+# bands: groups, dilation, stride and asymmetric padding; padding wider than a stride of the window.
+FEW_CHANNELS = [
+    (2, 4, 11, 10, 12, Window((3, 3), 2, ((1, 2), (0, 1)), 2), 2),
+    (3, 2, 6, 9, 20, Window((2, 3), (1, 2), ((2, 0), (3, 1))), 1),
+]
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "circular"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", FEW_CHANNELS, ids=_ids)
+def test_few_channels_forward_in_padded_bands(case, dtype, mode, threads):
+    """Each band's padding holds the values its mode copies there; 1 and 2 threads split the images
+    into different bands, with the same results."""
+    rng = seeded_rng("pixel rows few channels", case, dtype, mode)
+    x, weight, bias = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), padding_mode=mode, layout="NHWC")
+    expected = reference.conv2d(x, weight, bias, **kw)
+    for count in (1, 2):
+        threads(count)
+        with convgen.configure(**NATIVE):
+            got = convgen.conv2d(x, weight, bias, specialize=False, algorithm="direct", **kw)
+        assert_close(got, expected, dtype, f"forward on {count} threads")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[7]], ids=_ids)
 def test_adjoint_identities(case, layout):
@@ -190,8 +215,9 @@ def test_other_schedules(case, path, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", [CASES[0], CASES[5], CASES[7]], ids=_ids)
 def test_the_default_routing(case, layout):
-    """By default the layers with very few channels run the phase-plane kernels, others the pixel
-    rows: either way, the reference's results."""
+    """By default the layers with very few channels run the phase-plane kernels (but the NHWC forward
+    pass of 1 to 4 channels the pixel rows' padded bands), others the pixel rows: either way, the
+    reference's results."""
     rng = seeded_rng("pixel rows routing", case, layout)
     x, weight, bias = _arrays(rng, case, "float64", layout)
     dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case), layout=layout).shape)
