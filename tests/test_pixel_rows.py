@@ -8,9 +8,11 @@ gradients of many filters keep the phase-plane kernels) on cases that reach ever
 channel counts that pick each tile width (1 to 4 vectors on AVX-512, 1 to 3 on AVX2) with full and
 partial last tiles; windows inside the image (one pointer per pixel, and in NHWC one run per window
 row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros or the pixel
-the padding mode copies; NCHW gathers border rows); strides whose phases have different numbers of
-taps, phases with no taps at all (stride > kernel) and dilations; groups; images smaller than the
-window; tiles cut by the end of a block; the weight gradient split into parts of the pixels, and
+the padding mode copies; NCHW gathers border rows, or, forward with many taps, copies padded rows);
+strides whose phases have different numbers of taps, phases with no taps at all (stride > kernel)
+and dilations; groups; images smaller than the window; tiles cut by the end of a block; in the NCHW
+forward pass through padded rows, blocks read in place or not, and tiles across two images; the weight
+gradient split into parts of the pixels, and
 (NHWC, zero padding) read in place with filters or channels in the lanes, its last tiles overlapping
 the ones before, over boxes of whole images or of rows of one. Also:
 the same bits on 1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules,
@@ -193,6 +195,26 @@ def test_every_thread_count_gives_the_same_bits(case, layout, threads):
                     assert_close(got, one, np.float32, f"{op} {name} on {count} threads")
                 else:
                     np.testing.assert_array_equal(got, one, err_msg=f"{op} {name} on {count} threads")
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("mode, dtype", [("zeros", "float32"), ("zeros", "float64"), ("reflect", "float64"),
+                                         ("replicate", "float32"), ("circular", "float64")])
+def test_nchw_forward_padded_rows(mode, dtype, count, threads):
+    """NCHW forward with a window of many taps (3x5): a block of pixels whose windows all lie inside
+    the image reads x in place, any other a copy of the input rows its windows read with their
+    padding (zeros, or the pixels the mode copies), a run of rows per image it touches (its tiles may
+    hold the end of one image and the start of the next). Zero padding above and below only, on tall
+    images, leaves the middle blocks inside; the other modes pad every side. 1 and 2 threads."""
+    rng = seeded_rng("pixel rows NCHW padded rows", mode, dtype)
+    x = rng.standard_normal((2, 8, 40, 6)).astype(dtype)
+    weight, bias = rng.standard_normal((16, 8, 3, 5)).astype(dtype), rng.standard_normal(16).astype(dtype)
+    padding = ((1, 1), (0, 0)) if mode == "zeros" else ((2, 1), (1, 2))
+    kw = dict(padding=padding, padding_mode=mode, layout="NCHW")
+    threads(count)
+    with convgen.configure(**NATIVE):
+        y = convgen.conv2d(x, weight, bias, algorithm="direct", specialize=False, **kw)
+    assert_close(y, reference.conv2d(x, weight, bias, **kw), dtype, "forward")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
