@@ -217,6 +217,37 @@ def test_nchw_forward_padded_rows(mode, dtype, count, threads):
     assert_close(y, reference.conv2d(x, weight, bias, **kw), dtype, "forward")
 
 
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [
+    dict(x=(2, 16, 23, 9), w=(8, 16, 4, 4), stride=2, padding=1),                    # 4 phases, DCGAN-like
+    dict(x=(1, 8, 17, 10), w=(12, 4, 2, 3), stride=3, padding=((1, 0), (2, 1)), groups=2),  # phases without taps
+    dict(x=(3, 8, 11, 13), w=(8, 8, 3, 3), padding=3, dilation=2),                   # dy smaller than the halo
+], ids=["k4s2", "k2x3s3-groups", "k3d2p3"])
+def test_nchw_input_gradient_through_padded_dy(shape, dtype, count, threads):
+    """NCHW input gradient (and the transposed convolution, which is one): each item copies the dy rows
+    its band of phase rows reads, zero-padded, and every stride phase reads them with no border tiles.
+    Bands split tall images, phases may have no taps (dx zero there), dilation reaches past small dy."""
+    rng = seeded_rng("pixel rows NCHW dx padded", str(shape), dtype)
+    kw = {k: v for k, v in shape.items() if k not in ("x", "w")}
+    x = rng.standard_normal(shape["x"]).astype(dtype)
+    weight = rng.standard_normal(shape["w"]).astype(dtype)
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    threads(count)
+    with convgen.configure(**NATIVE):
+        dx = convgen.conv2d_backward(dy, x, weight, algorithm="direct", specialize=False, **kw)[0]
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[0]
+    assert_close(dx, expected, dtype, "dx")
+    if "groups" not in kw:   # the transposed convolution of dy: dx again, its last rows and columns by output_padding
+        s = kw.get("stride", 1)
+        d, p = kw.get("dilation", 1), kw["padding"]
+        extra = [n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k in zip(x.shape[2:], dy.shape[2:], weight.shape[2:])]
+        with convgen.configure(**NATIVE):
+            y = convgen.conv_transpose2d(dy, weight, algorithm="direct", specialize=False,
+                                         output_padding=tuple(extra), **kw)
+        assert_close(y, expected, dtype, "conv_transpose2d")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("path", [dict(ukernel="reference"), dict(isa="avx2"), dict(isa="portable")],
                          ids=["reference-microkernels", "avx2", "portable"])
