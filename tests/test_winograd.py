@@ -17,7 +17,7 @@ from convgen import planner, reference, winograd
 from convgen.kernels import settings
 from convgen.resolve import conv_problem
 from convgen.spec import ConvSpec, Window
-from helpers import seeded_rng, to_layout
+from helpers import planned_threads, seeded_rng, to_layout
 
 ALL_OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
 
@@ -181,6 +181,30 @@ def test_every_op_with_winograd_forced_matches_the_reference(case, layout, dtype
         assert _error(got, want) <= bound, "conv_transpose2d"
         got, want = _run("conv_transpose2d_backward", (x, dy, wt), kwargs, algorithm="winograd")
         assert _error(got, want) <= max(bound, 10 * np.finfo(dtype).eps), "conv_transpose2d_backward"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("count", [1, 2])
+def test_nhwc_transposes_of_channels_match_the_reference(dtype, count, threads):
+    """NHWC moves each pixel's channels (one vector) into the transforms' rows of pixels and the
+    outputs back by transposes of whole vectors: 19 channels and filters are one full vector and a
+    partial one in both dtypes, 37 columns several vectors of pixels with a partial last one, padding
+    zeros on both edges; forward and input gradient, on one thread and on two."""
+    n, c, f, h, w = 2, 19, 19, 10, 37
+    rng = seeded_rng("winograd nhwc", dtype, count)
+    x, weight = to_layout(rng.standard_normal((n, c, h, w)).astype(dtype),
+                          rng.standard_normal((f, c, 3, 3)).astype(dtype), "NHWC")
+    bias = rng.standard_normal(f).astype(dtype)
+    dy = rng.standard_normal((n, h, w, f)).astype(dtype)
+    threads(count)
+    for op, inp, out in (("conv2d", x, dy), ("conv2d_backward", x, dy)):
+        assert set(planned_threads(op, inp, out, Window(3, 1, 1), layout="NHWC", algorithm="winograd").values()) == {count}
+    bound = winograd.MEASURED_ERROR[(planner.winograd_tile(dtype, settings().schedule()), dtype)]
+    kwargs = dict(padding=1, layout="NHWC")
+    y, y_ref = _run("conv2d", (x, weight, bias), kwargs, algorithm="winograd")
+    assert _error(y, y_ref) <= bound, "conv2d"
+    got, want = _run("conv2d_backward", (dy, x, weight), kwargs, algorithm="winograd")
+    assert _error(got, want) <= max(bound, 10 * np.finfo(dtype).eps), "conv2d_backward"
 
 
 # -------------------------------------------------------------------------------------- accuracy
