@@ -248,6 +248,26 @@ def test_nchw_input_gradient_through_padded_dy(shape, dtype, count, threads):
         assert_close(y, expected, dtype, "conv_transpose2d")
 
 
+@pytest.mark.parametrize("window", [Window((5, 5), 1, 2), Window((3, 3), 2, 1)], ids=lambda w: w.short())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_weights_packed_by_every_thread(layout, dtype, window, threads):
+    """The forward passes pack the weights inside their parallel region, each thread a share of B's
+    rows (group, column tile, channel), every tap of a row at once: two groups of 8 channels and 70
+    filters (several column tiles, the last one partial), through padded rows (NCHW 5x5) or in place
+    (the rest), on 1 and 2 threads."""
+    rng = seeded_rng("pixel rows packed by the threads", layout, dtype, window.short())
+    case = (4, 16, 16, 16, 140, window, 2)
+    x, weight, bias = _arrays(rng, case, dtype, layout)
+    kw = dict(_kwargs(case), layout=layout)
+    expected = reference.conv2d(x, weight, bias, **kw)
+    for count in (1, 2):
+        threads(count)
+        with convgen.configure(**NATIVE):
+            got = convgen.conv2d(x, weight, bias, algorithm="direct", specialize=False, **kw)
+        assert_close(got, expected, dtype, f"forward on {count} threads")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("path", [dict(ukernel="reference"), dict(isa="avx2"), dict(isa="portable")],
                          ids=["reference-microkernels", "avx2", "portable"])
