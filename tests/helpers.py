@@ -26,6 +26,17 @@ def to_layout(x_nchw, w_oihw, layout, transposed=False):
     return (np.ascontiguousarray(x_nchw.transpose(0, 2, 3, 1)), np.ascontiguousarray(w_oihw.transpose(2, 3, 1, 0)))
 
 
+def at_line_offset(array, offset, line=64):
+    """A C-contiguous copy of `array` that starts `offset` bytes past a multiple of `line` bytes (NumPy
+    places arrays wherever its allocator does: kernels that align their vectors must see every offset)."""
+    buffer = np.empty(array.nbytes + line, np.uint8)
+    skip = (offset - buffer.ctypes.data) % line
+    copy = buffer[skip:skip + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    assert copy.ctypes.data % line == offset % line and copy.flags.c_contiguous
+    return copy
+
+
 def assert_close(actual, expected, dtype, what=""):
     """Relative agreement, scaled by the largest expected magnitude (so near-zero entries are not over-weighted)."""
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"

@@ -20,7 +20,7 @@ from convgen.resolve import conv_problem, transposed_problem
 from convgen.spec import ConvSpec, Window
 from convgen.specfile import load_spec_file
 from grid import DEPTHWISE_MORE_WINDOWS, DEPTHWISE_WINDOWS, DTYPES, LAYOUTS, depthwise_dtypes
-from helpers import assert_close, kernels_for, numerical_gradient, relative_error, seeded_rng, to_layout
+from helpers import assert_close, at_line_offset, kernels_for, numerical_gradient, relative_error, seeded_rng, to_layout
 
 GRID = [(window, layout, dtype) for window in DEPTHWISE_WINDOWS + DEPTHWISE_MORE_WINDOWS for layout in LAYOUTS
         for dtype in depthwise_dtypes(window, layout)]
@@ -165,6 +165,25 @@ def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
                  "forward")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c", [8, 9])
+def test_nhwc_forward_of_an_input_off_a_cache_line(c, dtype):
+    """x and y at every 4-byte (float64: 8-byte) offset from a 64-byte line, the path straight from x.
+    With pixels a whole number of lines apart (c vectors of channels, c = 8), its blocks of channels
+    start from the first channel whose vectors lie on a line of x, after a first block that overlaps
+    them; with c = 9 vectors plus a fraction of one they cannot, and run from channel 0."""
+    dtype = np.dtype(dtype)
+    window, lanes = Window(3, 1, 1), settings().schedule().vector_bytes // dtype.itemsize
+    c = c * lanes + (lanes // 2 if c == 9 else 0)
+    x, weight, bias = _arrays(seeded_rng("depthwise-lines", c, dtype), 2, c, 4, 21, 1, window, "NHWC", dtype)
+    kw = _window_kwargs(window, c, "NHWC")
+    expected = reference.conv2d(x, weight, bias, **kw)
+    for offset in range(0, 64, dtype.itemsize):
+        y = at_line_offset(np.zeros(expected.shape, dtype), (offset * 5) % 64)
+        convgen.conv2d(at_line_offset(x, offset), weight, bias, out=y, **kw, **DEPTHWISE)
+        assert_close(y, expected, dtype, f"x {offset} bytes past a line")
+
+
 @pytest.mark.parametrize("c", [40, 72])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_forward_of_an_input_past_the_caches(layout, c, threads):
@@ -179,12 +198,16 @@ def test_forward_of_an_input_past_the_caches(layout, c, threads):
         assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
 
 
-def test_nhwc_forward_of_an_output_past_the_caches(threads):
+@pytest.mark.parametrize("c", [40, 80])
+def test_nhwc_forward_of_an_output_past_the_caches(threads, c):
     """An NHWC output of more than 8 MiB: the forward pass makes each row in a buffer and streams it to
     y, whose rows start at every offset from a cache line (40 channels: a row of 230 pixels is not a
-    multiple of one); 40 channels also end in a block that overlaps the one before."""
-    window, c = Window(3, 1, 1), 40
-    x, weight, bias = _arrays(seeded_rng("depthwise-stream"), 1, c, 260, 230, 1, window, "NHWC", np.float32)
+    multiple of one); 40 channels also end in a block that overlaps the one before. 80 channels, x
+    16 bytes past a line: the blocks start from the first channel on a line of x, in the buffer too."""
+    window = Window(3, 1, 1)
+    x, weight, bias = _arrays(seeded_rng("depthwise-stream", c), 1, c, 260 * 40 // c, 230, 1, window, "NHWC",
+                              np.float32)
+    x = at_line_offset(x, 16) if c == 80 else x
     kw = _window_kwargs(window, c, "NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
     assert expected.nbytes > 8 << 20
