@@ -166,16 +166,19 @@ def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("c", [8, 9])
-def test_nhwc_forward_of_an_input_off_a_cache_line(c, dtype):
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(3, 2, 1), Window(3, 1, 1, 2)], ids=Window.short)
+@pytest.mark.parametrize("c", [1, 2, 8, 9])
+def test_nhwc_forward_of_an_input_off_a_cache_line(c, window, dtype):
     """x and y at every 4-byte (float64: 8-byte) offset from a 64-byte line, the path straight from x.
-    With pixels a whole number of lines apart (c vectors of channels, c = 8), its blocks of channels
-    start from the first channel whose vectors lie on a line of x, after a first block that overlaps
-    them; with c = 9 vectors plus a fraction of one they cannot, and run from channel 0."""
+    With pixels a whole number of lines apart (c vectors of channels), its blocks of channels start
+    from the first channel whose vectors lie on a line of x, after a first block that overlaps them
+    (8 vectors); at stride 1 with 1 or 2 vectors, the interior pixels of a row run as one run of
+    reals, vectors across pixels. With 9 vectors plus a fraction of one they cannot, and run from
+    channel 0."""
     dtype = np.dtype(dtype)
-    window, lanes = Window(3, 1, 1), settings().schedule().vector_bytes // dtype.itemsize
+    lanes = settings().schedule().vector_bytes // dtype.itemsize
     c = c * lanes + (lanes // 2 if c == 9 else 0)
-    x, weight, bias = _arrays(seeded_rng("depthwise-lines", c, dtype), 2, c, 4, 21, 1, window, "NHWC", dtype)
+    x, weight, bias = _arrays(seeded_rng("depthwise-lines", c, dtype), 2, c, 4, 41, 1, window, "NHWC", dtype)
     kw = _window_kwargs(window, c, "NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
     for offset in range(0, 64, dtype.itemsize):

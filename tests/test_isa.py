@@ -17,7 +17,7 @@ from convgen.kernels import settings
 from convgen.schedule import ISAS, supported_isas
 from convgen.spec import ConvSpec, Window
 from grid import CONV_CASES, LAYOUTS, TRANSPOSE_CASES, grid_dtype, isa_grid_specs
-from helpers import assert_close, assert_parallel, seeded_rng
+from helpers import assert_close, assert_parallel, at_line_offset, seeded_rng
 
 WINDOWS = [Window(3, 1, 1), Window((5, 2), (2, 1), ((2, 1), (0, 1)), (1, 2))]
 PATHS = [dict(isa=isa) for isa in ISAS] + [dict(ukernel="reference")]
@@ -190,6 +190,24 @@ def test_depthwise_on_every_isa(isa, window, dtype, layout):
     with convgen.configure(isa=isa):
         for multiplier in (1, 2):
             check_all_ops(2, 19, 11, 13, multiplier, window, layout, dtype, True, seeded_rng("isa-dw", isa, window))
+
+
+def test_depthwise_nhwc_forward_off_a_cache_line_on_every_isa(isa):
+    """The NHWC depthwise forward pass aligns its vectors to their own size (blocks from the first
+    aligned channel; at 1 or 2 vectors of channels, runs across pixels): x at every offset from a
+    64-byte line, with the ISA's vector width."""
+    window, dtype = DEPTHWISE_ON_EVERY_ISA[0]
+    with convgen.configure(isa=isa):
+        lanes = settings().schedule().vector_bytes // np.dtype(dtype).itemsize
+        for c in (lanes, 2 * lanes, 8 * lanes):
+            rng = seeded_rng("isa-dw-lines", isa, c)
+            x = rng.standard_normal((1, 3, 41, c)).astype(dtype)
+            w = rng.standard_normal((3, 3, 1, c)).astype(dtype)
+            kw = dict(stride=window.stride, padding=window.padding, groups=c, layout="NHWC")
+            expected = reference.conv2d(x, w, **kw)
+            for offset in range(0, 64, np.dtype(dtype).itemsize):
+                got = convgen.conv2d(at_line_offset(x, offset), w, algorithm="depthwise", **kw)
+                assert_close(got, expected, dtype, f"{c} channels, x {offset} bytes past a line")
 
 
 # ------------------------------------------------------------------------------------ refusals
