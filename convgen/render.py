@@ -126,6 +126,7 @@ def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
         context.update(depthwise.template_context(spec.window, registers, int(schedule.depthwise_rows),
                                                   int(schedule.depthwise_vectors)),
                        DW_PIXELS=int(schedule.depthwise_pixels), DW_VECTORS=int(schedule.depthwise_vectors),
+                       DW_STREAM_BYTES=int(schedule.depthwise_stream_bytes),
                        DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
     return context
 

@@ -10,6 +10,7 @@ targets with -march=native, and can be forced (CONVGEN_ISA or `isa=`) to test th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from .toolchain import native_macros
@@ -62,6 +63,9 @@ class Schedule:
     # module. The depthwise kernels are faster there too (AVX-512, 3-8 channels: forward 3x,
     # backward 10-20x): algorithm="depthwise", or configure(depthwise_min_channels=1), takes them.
     depthwise_min_channels: int = 8
+    # The NHWC depthwise forward pass streams its output past the caches (non-temporal stores) when
+    # x and y together take more bytes than this; 0 (get_schedule): the machine's last-level cache.
+    depthwise_stream_bytes: int = 0
     # Pixel-row kernels (templates/direct/rows.c.j2; every NHWC op, NCHW forward and dx of small
     # images): rows (pixels, or channels in the weight gradient) of a tile 1, 2, ... vectors of
     # channels wide; each call takes the width that wastes the fewest lanes on its channel count. Rows
@@ -122,6 +126,29 @@ _TABLE = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The size of the largest cache Linux lists for CPU 0 (/sys/devices/system/cpu/cpu0/cache), 8 MiB
+    where it lists none. (Not the C library's sysconf(_SC_LEVEL3_CACHE_SIZE): in a virtual machine it
+    can be far off, 320 MiB for a 32 MiB L3.)"""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    root, largest = "/sys/devices/system/cpu/cpu0/cache", 0
+    try:
+        for entry in os.listdir(root):
+            try:
+                with open(os.path.join(root, entry, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text[:-1].isdigit() and text[-1] in units:
+                largest = max(largest, int(text[:-1]) * units[text[-1]])
+            elif text.isdigit():
+                largest = max(largest, int(text))
+    except OSError:
+        pass
+    return largest or 8 << 20
+
+
 def supported_isas(compiler: str) -> tuple[str, ...]:
     """The instruction sets this machine (as the compiler sees it) can run, best first."""
     macros = {line.split()[1] for line in native_macros(compiler)}  # "#define __AVX2__ 1" -> __AVX2__
@@ -149,6 +176,8 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     if unknown:
         raise TypeError(f"unknown schedule fields: {sorted(unknown)}")
     fields.update(overrides)
+    if fields.get("depthwise_stream_bytes", 0) == 0 and not isinstance(fields.get("depthwise_stream_bytes"), bool):
+        fields["depthwise_stream_bytes"] = last_level_cache_bytes()
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
                  "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
@@ -158,6 +187,10 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
+    stream = schedule.depthwise_stream_bytes
+    if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
+        raise ValueError(f"schedule depthwise_stream_bytes must be an int >= 0 (0: the last-level cache), "
+                         f"got {stream!r}")
     for name in ("pixel_rows", "pixel_rows_dw"):
         rows = getattr(schedule, name)
         if not isinstance(rows, tuple) or not rows or not all(isinstance(r, int) and not isinstance(r, bool)

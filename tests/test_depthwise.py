@@ -203,20 +203,30 @@ def test_forward_of_an_input_past_the_caches(layout, c, threads):
 
 @pytest.mark.parametrize("c", [40, 80])
 def test_nhwc_forward_of_an_output_past_the_caches(threads, c):
-    """An NHWC output of more than 8 MiB: the forward pass makes each row in a buffer and streams it to
-    y, whose rows start at every offset from a cache line (40 channels: a row of 230 pixels is not a
-    multiple of one); 40 channels also end in a block that overlaps the one before. 80 channels, x
-    16 bytes past a line: the blocks start from the first channel on a line of x, in the buffer too."""
-    window = Window(3, 1, 1)
-    x, weight, bias = _arrays(seeded_rng("depthwise-stream", c), 1, c, 260 * 40 // c, 230, 1, window, "NHWC",
+    """x and y larger than the schedule's depthwise_stream_bytes (1 MiB here; by default the last-level
+    cache): the forward pass makes each row in a buffer and streams it to y, whose rows start at every
+    offset from a cache line (40 channels: a row of 230 pixels is not a multiple of one); 40 channels
+    also end in a block that overlaps the one before. 80 channels, x 16 bytes past a line: the blocks
+    start from the first channel aligned in x, in the buffer too."""
+    window, stream_bytes = Window(3, 1, 1), 1 << 20
+    x, weight, bias = _arrays(seeded_rng("depthwise-stream", c), 1, c, 32 * 40 // c, 230, 1, window, "NHWC",
                               np.float32)
     x = at_line_offset(x, 16) if c == 80 else x
     kw = _window_kwargs(window, c, "NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
-    assert expected.nbytes > 8 << 20
-    for count in (1, 2):
-        threads(count)
-        assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
+    assert x.nbytes + expected.nbytes > stream_bytes
+    with convgen.configure(depthwise_stream_bytes=stream_bytes):
+        for count in (1, 2):
+            threads(count)
+            assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32,
+                         f"{count} threads")
+
+
+def test_stream_bytes_must_be_a_count_of_bytes():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="depthwise_stream_bytes"):
+            with convgen.configure(depthwise_stream_bytes=bad):
+                pass
 
 
 # ------------------------------------------------------------------------------------ the planner
