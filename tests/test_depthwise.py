@@ -170,9 +170,9 @@ def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
 @pytest.mark.parametrize("c", [1, 2, 8, 9])
 def test_nhwc_forward_of_an_input_off_a_cache_line(c, window, dtype):
     """x and y at every 4-byte (float64: 8-byte) offset from a 64-byte line, the path straight from x.
-    With pixels a whole number of lines apart (c vectors of channels), its blocks of channels start
-    from the first channel whose vectors lie on a line of x, after a first block that overlaps them
-    (8 vectors); at stride 1 with 1 or 2 vectors, the interior pixels of a row run as one run of
+    With pixels a whole number of vectors apart (c vectors of channels), its blocks of channels
+    start from the first channel whose vectors are aligned in x, after a first block that overlaps
+    them (8 vectors); at stride 1 with 1 or 2 vectors, the interior pixels of a row run as one run of
     reals, vectors across pixels. With 9 vectors plus a fraction of one they cannot, and run from
     channel 0."""
     dtype = np.dtype(dtype)
