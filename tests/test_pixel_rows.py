@@ -201,14 +201,15 @@ def test_every_thread_count_gives_the_same_bits(case, layout, threads):
 @pytest.mark.parametrize("mode, dtype", [("zeros", "float32"), ("zeros", "float64"), ("reflect", "float64"),
                                          ("replicate", "float32"), ("circular", "float64")])
 def test_nchw_forward_padded_rows(mode, dtype, count, threads):
-    """NCHW forward with a window of many taps (3x5): a block of pixels whose windows all lie inside
-    the image reads x in place, any other a copy of the input rows its windows read with their
-    padding (zeros, or the pixels the mode copies), a run of rows per image it touches (its tiles may
-    hold the end of one image and the start of the next). Zero padding above and below only, on tall
-    images, leaves the middle blocks inside; the other modes pad every side. 1 and 2 threads."""
+    """NCHW forward: every block of pixels reads a copy of the input rows its windows read, channels
+    last, with their padding (zeros, or the pixels the mode copies), a run of rows per image it
+    touches (its tiles may hold the end of one image and the start of the next). 20 channels over 19
+    columns: whole blocks of a vector of channels by a vector of columns transposed in registers (the
+    last of a row overlapping the one before it) and the rest a value at a time, for vectors of 4 to
+    16 lanes. Zero padding above and below only; the other modes pad every side. 1 and 2 threads."""
     rng = seeded_rng("pixel rows NCHW padded rows", mode, dtype)
-    x = rng.standard_normal((2, 8, 40, 6)).astype(dtype)
-    weight, bias = rng.standard_normal((16, 8, 3, 5)).astype(dtype), rng.standard_normal(16).astype(dtype)
+    x = rng.standard_normal((2, 20, 24, 19)).astype(dtype)
+    weight, bias = rng.standard_normal((16, 20, 3, 5)).astype(dtype), rng.standard_normal(16).astype(dtype)
     padding = ((1, 1), (0, 0)) if mode == "zeros" else ((2, 1), (1, 2))
     kw = dict(padding=padding, padding_mode=mode, layout="NCHW")
     threads(count)
@@ -223,10 +224,12 @@ def test_nchw_forward_padded_rows(mode, dtype, count, threads):
     dict(x=(2, 16, 23, 9), w=(8, 16, 4, 4), stride=2, padding=1),                    # 4 phases, DCGAN-like
     dict(x=(1, 8, 17, 10), w=(12, 4, 2, 3), stride=3, padding=((1, 0), (2, 1)), groups=2),  # phases without taps
     dict(x=(3, 8, 11, 13), w=(8, 8, 3, 3), padding=3, dilation=2),                   # dy smaller than the halo
-], ids=["k4s2", "k2x3s3-groups", "k3d2p3"])
+    dict(x=(1, 4, 6, 37), w=(20, 4, 3, 3), padding=1),   # 20 filters over 37 columns: transposed in blocks
+], ids=["k4s2", "k2x3s3-groups", "k3d2p3", "f20"])
 def test_nchw_input_gradient_through_padded_dy(shape, dtype, count, threads):
     """NCHW input gradient (and the transposed convolution, which is one): each item copies the dy rows
-    its band of phase rows reads, zero-padded, and every stride phase reads them with no border tiles.
+    its band of phase rows reads, zero-padded and filters last, and every stride phase reads them with
+    no border tiles.
     Bands split tall images, phases may have no taps (dx zero there), dilation reaches past small dy."""
     rng = seeded_rng("pixel rows NCHW dx padded", str(shape), dtype)
     kw = {k: v for k, v in shape.items() if k not in ("x", "w")}
