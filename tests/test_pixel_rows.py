@@ -198,18 +198,20 @@ def test_every_thread_count_gives_the_same_bits(case, layout, threads):
 
 
 @pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("channels", [3, 20])
 @pytest.mark.parametrize("mode, dtype", [("zeros", "float32"), ("zeros", "float64"), ("reflect", "float64"),
                                          ("replicate", "float32"), ("circular", "float64")])
-def test_nchw_forward_padded_rows(mode, dtype, count, threads):
+def test_nchw_forward_padded_rows(mode, dtype, channels, count, threads):
     """NCHW forward: every block of pixels reads a copy of the input rows its windows read, channels
     last, with their padding (zeros, or the pixels the mode copies), a run of rows per image it
     touches (its tiles may hold the end of one image and the start of the next). 20 channels over 19
     columns: whole blocks of a vector of channels by a vector of columns transposed in registers (the
     last of a row overlapping the one before it) and the rest a value at a time, for vectors of 4 to
-    16 lanes. Zero padding above and below only; the other modes pad every side. 1 and 2 threads."""
-    rng = seeded_rng("pixel rows NCHW padded rows", mode, dtype)
-    x = rng.standard_normal((2, 20, 24, 19)).astype(dtype)
-    weight, bias = rng.standard_normal((16, 20, 3, 5)).astype(dtype), rng.standard_normal(16).astype(dtype)
+    16 lanes; 3 channels: a plane each. Zero padding above and below only; the other modes pad every
+    side. 1 and 2 threads."""
+    rng = seeded_rng("pixel rows NCHW padded rows", mode, dtype, channels)
+    x = rng.standard_normal((2, channels, 24, 19)).astype(dtype)
+    weight, bias = rng.standard_normal((16, channels, 3, 5)).astype(dtype), rng.standard_normal(16).astype(dtype)
     padding = ((1, 1), (0, 0)) if mode == "zeros" else ((2, 1), (1, 2))
     kw = dict(padding=padding, padding_mode=mode, layout="NCHW")
     threads(count)
