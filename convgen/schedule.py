@@ -176,7 +176,8 @@ def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule
     if unknown:
         raise TypeError(f"unknown schedule fields: {sorted(unknown)}")
     fields.update(overrides)
-    if fields.get("depthwise_stream_bytes", 0) == 0 and not isinstance(fields.get("depthwise_stream_bytes"), bool):
+    requested = fields.get("depthwise_stream_bytes", 0)
+    if requested == 0 and not isinstance(requested, bool):   # 0: the machine's last-level cache (False is refused below)
         fields["depthwise_stream_bytes"] = last_level_cache_bytes()
     schedule = Schedule(**fields)
     for name in ("mr", "nr_vectors", "kc", "kc_forward", "nc", "max_unrolled_taps", "winograd_tile",
