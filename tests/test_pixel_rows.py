@@ -1,10 +1,10 @@
 """The direct family's pixel-row kernels (templates/direct/rows.c.j2) against convgen.reference.
 
 They compute every NHWC op, and in NCHW the forward pass of small images, the input gradient and
-the weight gradient of few filters, as GEMMs with pixels as rows and channels in the vector lanes,
+the weight gradient of few filters or weights, as GEMMs with pixels as rows and channels in the vector lanes,
 reading x (forward) and dy (dx) in place through tables of row pointers. The tests force them on
 every layer (by default the layers with very few channels, large NCHW forward passes and NCHW weight
-gradients of many filters keep the phase-plane kernels) on cases that reach every path:
+gradients of many filters and weights keep the phase-plane kernels) on cases that reach every path:
 channel counts that pick each tile width (1 to 4 vectors on AVX-512, 1 to 3 on AVX2) with full and
 partial last tiles; windows inside the image (one pointer per pixel, and in NHWC one run per window
 row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros or the pixel
