@@ -222,6 +222,39 @@ def test_nhwc_forward_of_an_output_past_the_caches(threads, c):
                          f"{count} threads")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(5, 1, 2), Window(3, 1, 2, 2), Window((3, 5), 1, (1, 2))],
+                         ids=Window.short)
+def test_nhwc_input_gradient_as_the_forward_pass_of_dy(window, dtype, threads):
+    """Stride 1, "same" padding, one filter per channel: the NHWC input gradient (and the transposed
+    convolution, the same kernel) runs the forward pass over dy with the window turned round, reading
+    dy in place. 20 channels (float32: one vector and a part) and 40, dy 16 bytes past a line, on 1
+    and 2 threads, writing through the caches and streaming past them; its workspace is the forward
+    pass's and the turned weights."""
+    dtype = np.dtype(dtype)
+    kh, kw = window.kernel
+    for c in (20, 40):
+        rng = seeded_rng("depthwise-dx-forward", window, dtype, c)
+        kwargs = _window_kwargs(window, c, "NHWC")
+        x, weight, bias = _arrays(rng, 2, c, 6, 41, 1, window, "NHWC", dtype)
+        dy = at_line_offset(rng.standard_normal(x.shape).astype(dtype), 16)
+        expected_dx = reference.conv2d_backward(dy, x, weight, **kwargs)[0]
+        expected_t = reference.conv_transpose2d(dy, weight, bias, **kwargs)
+        problem = conv_problem(x.shape, weight.shape, x.dtype, window.stride, window.padding, window.dilation, c, "NHWC")
+        extra = kernels_for(problem, True, "depthwise").workspace_bytes("bwd_data", problem, 1) \
+            - kernels_for(problem, True, "depthwise").workspace_bytes("fwd", problem, 1)
+        assert 0 < extra <= (kh * kw * c + 16) * dtype.itemsize, extra
+        for stream_bytes in (0, 1 << 12):
+            with convgen.configure(depthwise_stream_bytes=stream_bytes):
+                for count in (1, 2):
+                    threads(count)
+                    where = f"{c} channels, {count} threads, stream_bytes {stream_bytes}"
+                    dx = convgen.conv2d_backward(dy, x, weight, **kwargs, **DEPTHWISE)[0]
+                    assert_close(dx, expected_dx, dtype, f"dx, {where}")
+                    t = convgen.conv_transpose2d(dy, weight, bias, **kwargs, **DEPTHWISE)
+                    assert_close(t, expected_t, dtype, f"transposed, {where}")
+
+
 def test_stream_bytes_must_be_a_count_of_bytes():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="depthwise_stream_bytes"):
