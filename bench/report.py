@@ -547,8 +547,11 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
     nhwc, extra = list(nhwc), list(extra)
     every_row = list(results) + nhwc + extra + list(depthwise)
     out = ["# convgen benchmark", ""]
+    rounds = info.get("rounds", 1)
+    passes = (f"; every row timed in each of {rounds} passes over all the rows, minutes apart, and each "
+              f"implementation's median over the passes kept") if rounds > 1 else ""
     out += [f"Measured {info['date']} by `{info['command']}` ({info['repeat']} timed samples per "
-            f"implementation, medians, implementations alternated; {info['elapsed']:.0f} s in all)"
+            f"implementation, medians, implementations alternated{passes}; {info['elapsed']:.0f} s in all)"
             + (", **part of the suite only**" if info["partial"] else "") + ".", ""]
     out += ["## Machine", "",
             f"- CPU: {info['cpu']}, {info['cores']} cores; every implementation runs {info['threads']} threads",

@@ -5,9 +5,10 @@ direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows), convgen specialize
 algorithm="direct" (on rows where the planner picked another algorithm: what that algorithm buys
 over direct code for the same window), convgen generic (always direct), NumPy (im2col by
 as_strided, then matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports),
-alternated within one run (convgen.timing.time_alternating: medians after warm-up), float32, all
-threads, in NCHW and (the 2-D layers) again in NHWC, where PyTorch gets channels_last tensors. Every
-result is first checked against NumPy's, within 1e-3 relative error for direct code and within
+alternated within one run (convgen.timing.time_alternating: medians after warm-up; every row in
+each of --rounds passes over all the rows, the median of the passes kept), float32, all threads, in
+NCHW and (the 2-D layers) again in NHWC, where PyTorch gets channels_last tensors. Every result is
+first checked against NumPy's, within 1e-3 relative error for direct code and within
 convgen.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is marked in the
 tables and makes the script exit with status 1. Writes bench/results/bench.md and
 bench/results/bench.png and prints the tables.
@@ -63,6 +64,7 @@ import datetime  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
@@ -660,6 +662,22 @@ def run_case(case: Case, repeat: int, min_time: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------ machine
+def merge_rounds(rows: list) -> dict:
+    """One row from its measurements in several passes: each implementation's median time (and the
+    rates from it), the most other processes took during any pass; the rest from the first pass."""
+    if len(rows) == 1:
+        return rows[0]
+    row = dict(rows[0])
+    row["seconds"] = {name: statistics.median(r["seconds"][name] for r in rows) for name in rows[0]["seconds"]}
+    work = row["gflop"] * 1e9
+    row["gflops"] = {name: work / s / 1e9 for name, s in row["seconds"].items()}
+    if "bytes" in row:
+        row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
+    loads = [r["other_load"] for r in rows if r["other_load"] is not None]
+    row["other_load"] = max(loads) if loads else None
+    return row
+
+
 def blas_info() -> str:
     """Which BLAS NumPy calls and which of its kernels runs (threadpoolctl when installed, else OpenBLAS's own query)."""
     try:
@@ -738,6 +756,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and a shorter peak measurement")
     parser.add_argument("--repeat", type=int, help="timed samples per implementation (default 9, --quick 3)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="passes over all the rows (default 2, --quick 1): each row is timed once per pass, "
+                             "minutes apart, and keeps each implementation's median time over the passes")
     parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}; "
                                          f"outside the suite: {', '.join(l.name for l in EXTRA_SUITE)}; "
                                          f"depthwise: {', '.join(l.name for l in DEPTHWISE_SUITE)}")
@@ -766,6 +787,10 @@ def parse_args(argv=None):
         args.repeat = 3 if args.quick else 9
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.quick and "--rounds" not in (argv if argv is not None else sys.argv[1:]):
+        args.rounds = 1
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 
@@ -864,7 +889,15 @@ def main(argv=None) -> int:
               flush=True)
         return row
 
-    measured = {group: [measure(op, layer, layout, group) for op, layer, layout in rows]
+    # Every row once per pass over all the rows: the machine's state (what the shared caches hold, other
+    # tenants' memory traffic) drifts over minutes, and moved single rows by 10-25 % between runs.
+    passes = []
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            print(f"pass {number + 1} of {args.rounds}", flush=True)
+        passes.append({group: [measure(op, layer, layout, group) for op, layer, layout in rows]
+                       for group, rows in groups.items()})
+    measured = {group: [merge_rounds([one[group][i] for one in passes]) for i in range(len(rows))]
                 for group, rows in groups.items()}
     remeasured = []
     if args.wait_quiet > 0:
@@ -889,6 +922,7 @@ def main(argv=None) -> int:
     info["load_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     info["elapsed"] = time.perf_counter() - started
     info["repeat"] = args.repeat
+    info["rounds"] = args.rounds
     info["waited"] = waiter.waited
     info["remeasured"] = remeasured
     everything = row_groups([l.name for l in SUITE + EXTRA_SUITE + DEPTHWISE_SUITE], list(OPS), list(LAYOUTS))

@@ -365,6 +365,29 @@ def test_an_nhwc_row_checks_every_result_against_numpy(run, op, layer):
         run.make_case(op, layer, None, layout="NWHC")
 
 
+def test_rows_timed_in_several_passes_keep_the_median(run, report):
+    """--rounds: a row timed in several passes over the suite keeps each implementation's median time
+    (rates recomputed from it, GB/s too), the most any pass saw of other processes; the rest of the
+    row is the first pass's. 2 passes by default, 1 with --quick, at least 1."""
+    passes = [_row(run, "forward", "odd5x5", "direct", dict(specialized=s, pytorch=p), layout="NHWC")
+              for s, p in ((1.0, 1.2), (3.0, 0.9), (2.0, 1.0))]
+    for r, load, size in zip(passes, (0.02, 0.07, None), (4e6, 5e6, 6e6)):
+        r["other_load"], r["bytes"] = load, size
+    merged = run.merge_rounds(passes)
+    assert merged["seconds"] == {"specialized": 2e-3, "pytorch": 1e-3}
+    assert merged["gflops"]["specialized"] == pytest.approx(passes[0]["gflop"] / 2e-3)
+    assert merged["gbs"] == pytest.approx({"specialized": 4e6 / 2e-3 / 1e9, "pytorch": 4e6 / 1e-3 / 1e9})
+    assert merged["other_load"] == 0.07 and merged["errors"] is passes[0]["errors"]
+    assert run.merge_rounds(passes[:1]) is passes[0]
+    assert "each implementation's median over the passes" in report.markdown(
+        _results(run), dict(isa="avx2", gflops_1=50.0, gflops_all=100.0, threads=2, samples=3),
+        _info(rounds=2))
+    assert run.parse_args([]).rounds == 2 and run.parse_args(["--quick"]).rounds == 1
+    assert run.parse_args(["--quick", "--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        run.parse_args(["--rounds", "0"])
+
+
 def test_a_quick_run_of_a_layer_outside_the_suite(run, tmp_path):
     """bench/run.py's main on one layer outside the suite, forward, both layouts: each result agrees
     with NumPy's (else the exit status is 1) and the report has the section and the targets."""
