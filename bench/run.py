@@ -653,15 +653,22 @@ def run_case(case: Case, repeat: int, min_time: float) -> dict:
     memory = {name: python_extra_bytes(case.funcs[name]) for name in (*CONVGEN_IMPLS, "numpy") if name in case.funcs}
     with OtherLoad() as load:
         seconds = time_alternating(case.funcs, repeat=repeat, warmup=1, min_time=min_time)
-    return {
+    return with_rates({
         "op": case.op, "layer": case.layer, "gflop": case.flops / 1e9, "algorithm": case.algorithm,
-        "seconds": seconds, "gflops": {name: case.flops / s / 1e9 for name, s in seconds.items()},
+        "seconds": seconds,
         "errors": errors, "error_limits": case.error_limits, "python_bytes": memory,
         "workspace_bytes": case.workspace, "output_bytes": case.output_bytes, "other_load": load.share,
-    }
+    })
 
 
-# ------------------------------------------------------------------------------------ machine
+def with_rates(row: dict) -> dict:
+    """`row` with the rates of its implementations' times: GFLOP/s, and GB/s when it counts its bytes."""
+    row["gflops"] = {name: row["gflop"] / s for name, s in row["seconds"].items()}
+    if "bytes" in row:
+        row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
+    return row
+
+
 def merge_rounds(rows: list) -> dict:
     """One row from its measurements in several passes: each implementation's median time (and the
     rates from it), the most other processes took during any pass; the rest from the first pass."""
@@ -669,15 +676,12 @@ def merge_rounds(rows: list) -> dict:
         return rows[0]
     row = dict(rows[0])
     row["seconds"] = {name: statistics.median(r["seconds"][name] for r in rows) for name in rows[0]["seconds"]}
-    work = row["gflop"] * 1e9
-    row["gflops"] = {name: work / s / 1e9 for name, s in row["seconds"].items()}
-    if "bytes" in row:
-        row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
     loads = [r["other_load"] for r in rows if r["other_load"] is not None]
     row["other_load"] = max(loads) if loads else None
-    return row
+    return with_rates(row)
 
 
+# ------------------------------------------------------------------------------------ machine
 def blas_info() -> str:
     """Which BLAS NumPy calls and which of its kernels runs (threadpoolctl when installed, else OpenBLAS's own query)."""
     try:
@@ -756,7 +760,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and a shorter peak measurement")
     parser.add_argument("--repeat", type=int, help="timed samples per implementation (default 9, --quick 3)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int,
                         help="passes over all the rows (default 2, --quick 1): each row is timed once per pass, "
                              "minutes apart, and keeps each implementation's median time over the passes")
     parser.add_argument("--layers", help=f"comma-separated subset of: {', '.join(l.name for l in SUITE)}; "
@@ -787,8 +791,8 @@ def parse_args(argv=None):
         args.repeat = 3 if args.quick else 9
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
-    if args.quick and "--rounds" not in (argv if argv is not None else sys.argv[1:]):
-        args.rounds = 1
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
@@ -875,7 +879,7 @@ def main(argv=None) -> int:
         if group == "depthwise":  # GB/s
             row = run_case(make_depthwise_case(op, layer, layout, torch, args.algorithm), args.repeat, min_time)
             row["layout"], row["bytes"] = layout, layer.bytes(op, layout)
-            row["gbs"] = {name: row["bytes"] / s / 1e9 for name, s in row["seconds"].items()}
+            with_rates(row)
             rates = " ".join(f"{name} {row['gbs'][name]:6.1f} GB/s" for name in IMPLS if name in row["gbs"])
             stream.sample(1)
         else:
