@@ -131,29 +131,37 @@ def test_padding_modes(mode, specialize, layout):
         assert_close(got, want, np.float64, name)
 
 
-# NHWC forward passes of few channels (at most 4), which read their input rows copied into padded
-# bands: groups, dilation, stride and asymmetric padding; padding wider than a stride of the window.
-FEW_CHANNELS = [
+# NHWC forward passes through padded bands: of few channels (at most 4), and of windows of 25 taps or
+# more at stride 1 over at most 64 channels a group. Each item copies the input rows its run of tiles
+# reads; runs start and end inside output rows. Groups, dilation, stride and asymmetric padding; padding
+# wider than a stride of the window; several column tiles, the last one partial.
+PADDED_BANDS = [
     (2, 4, 11, 10, 12, Window((3, 3), 2, ((1, 2), (0, 1)), 2), 2),
     (3, 2, 6, 9, 20, Window((2, 3), (1, 2), ((2, 0), (3, 1))), 1),
+    (3, 20, 9, 11, 70, Window((5, 5), 1, 2), 1),
+    (2, 12, 8, 13, 18, Window((5, 7), 1, ((2, 1), (3, 4))), 2),
+    (1, 9, 12, 10, 16, Window((5, 5), 1, 4, 2), 1),
 ]
 
 
 @pytest.mark.parametrize("mode", ["zeros", "reflect", "circular"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case", FEW_CHANNELS, ids=_ids)
-def test_few_channels_forward_in_padded_bands(case, dtype, mode, threads):
-    """Each band's padding holds the values its mode copies there; 1 and 2 threads split the images
-    into different bands, with the same results."""
-    rng = seeded_rng("pixel rows few channels", case, dtype, mode)
+@pytest.mark.parametrize("case", PADDED_BANDS, ids=_ids)
+def test_forward_in_padded_bands(case, dtype, mode, threads):
+    """Each band's padding holds the values its mode copies there; 1, 2 and 3 threads split the tiles
+    into different runs, with the same bits."""
+    rng = seeded_rng("pixel rows padded bands", case, dtype, mode)
     x, weight, bias = _arrays(rng, case, dtype, "NHWC")
     kw = dict(_kwargs(case), padding_mode=mode, layout="NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
-    for count in (1, 2):
+    results = {}
+    for count in (1, 2, 3):
         threads(count)
         with convgen.configure(**NATIVE):
-            got = convgen.conv2d(x, weight, bias, specialize=False, algorithm="direct", **kw)
-        assert_close(got, expected, dtype, f"forward on {count} threads")
+            results[count] = convgen.conv2d(x, weight, bias, specialize=False, algorithm="direct", **kw)
+        assert_close(results[count], expected, dtype, f"forward on {count} threads")
+    for count in (2, 3):
+        np.testing.assert_array_equal(results[count], results[1], err_msg=f"forward on {count} threads")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
