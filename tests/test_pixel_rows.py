@@ -261,6 +261,35 @@ def test_nchw_input_gradient_through_padded_dy(shape, dtype, count, threads):
         assert_close(y, expected, dtype, "conv_transpose2d")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [
+    dict(x=(3, 70, 9, 11), w=(20, 70, 5, 5), padding=2),                    # 70 channels: a partial column tile
+    dict(x=(2, 12, 8, 13), w=(18, 6, 5, 7), padding=((2, 1), (3, 4)), groups=2),  # groups, asymmetric padding
+    dict(x=(1, 9, 6, 5), w=(16, 9, 5, 5), padding=4, dilation=2),           # dy smaller than the halo
+], ids=["c70", "k5x7-groups", "k5d2p4"])
+def test_nhwc_input_gradient_through_padded_dy(shape, dtype, threads):
+    """NHWC input gradient of a window of 25 taps or more at stride 1 (and the transposed convolution,
+    which is one): each item copies the dy rows its band reads, zero-padded, and no tile is a border
+    tile. 1, 2 and 3 threads split the rows into different bands, with the same bits."""
+    rng = seeded_rng("pixel rows NHWC dx padded", str(shape), dtype)
+    kw = {k: v for k, v in shape.items() if k not in ("x", "w")}
+    x, weight = to_layout(rng.standard_normal(shape["x"]).astype(dtype), rng.standard_normal(shape["w"]).astype(dtype), "NHWC")
+    kw["layout"] = "NHWC"
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[0]
+    results = {}
+    for count in (1, 2, 3):
+        threads(count)
+        with convgen.configure(**NATIVE):
+            results[count] = convgen.conv2d_backward(dy, x, weight, algorithm="direct", specialize=False, **kw)[0]
+        assert_close(results[count], expected, dtype, f"dx on {count} threads")
+        np.testing.assert_array_equal(results[count], results[1], err_msg=f"dx on {count} threads")
+    if "groups" not in kw:   # the transposed convolution of dy ((KH, KW, C, F) weights are its (KH, KW, C_out, C_in))
+        with convgen.configure(**NATIVE):
+            y = convgen.conv_transpose2d(dy, weight, algorithm="direct", specialize=False, **kw)
+        assert_close(y, expected, dtype, "conv_transpose2d")
+
+
 @pytest.mark.parametrize("window", [Window((5, 5), 1, 2), Window((3, 3), 2, 1)], ids=lambda w: w.short())
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("layout", LAYOUTS)
