@@ -93,6 +93,8 @@ ODD_SIZES = [
     (1, 20, 4, 25, 1, Window(3, 1, 1)),    # NHWC forward straight from x: 20 channels, one vector and a part
     (2, 17, 5, 39, 1, Window(3, 2, 1)),    # the same at stride 2, both right-border residues (w 39, 38 below)
     (1, 18, 3, 38, 1, Window(3, 2, 1)),
+    (1, 20, 3, 2, 1, Window(3, 1, 1)),     # NHWC pixel-major (narrow rows): no interior column, every tap checked
+    (2, 17, 4, 12, 1, Window(3, 2, 1)),    # ... at stride 2, the right-border residue the 13-wide grid rows miss
 ]
 
 
@@ -156,8 +158,9 @@ def test_nchw_forward_every_row_and_column_remainder(window, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nhwc_forward_with_pixels_a_multiple_of_2_kib_apart(dtype):
-    """512 float32 or 256 float64 channels, rows long enough for the path straight from x, which
-    such a pixel stride sends through the tiles instead."""
+    """512 float32 or 256 float64 channels, rows long enough for the block-major path straight from
+    x, which such a pixel stride sends to the pixel-major one instead (every tap's line in two L1
+    sets)."""
     window, c = Window(3, 1, 1), 2048 // np.dtype(dtype).itemsize
     x, weight, bias = _arrays(seeded_rng("depthwise-aliased", dtype), 1, c, 3, 20, 1, window, "NHWC", dtype)
     kw = _window_kwargs(window, c, "NHWC")
