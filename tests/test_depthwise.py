@@ -258,6 +258,27 @@ def test_nhwc_input_gradient_as_the_forward_pass_of_dy(window, dtype, threads):
                     assert_close(t, expected_t, dtype, f"transposed, {where}")
 
 
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(3, 2, 1), Window(5, 1, 2)], ids=Window.short)
+def test_nhwc_weight_gradient_straight_from_x_in_row_blocks(window, threads):
+    """One filter per channel: the NHWC weight gradient reads x and dy in place, each block of
+    channels over as many rows as fit in L2 before the next block. Rows of 480 pixels of 44 float64
+    channels (AVX-512: 5 vectors and an overlapping last one) leave room for one row at a time, fewer
+    than a work item's 2: an item takes several row blocks. 1 and 2 threads give the same bits."""
+    c, h, w = 44, 17 * window.stride[0] + 1, 480
+    x, weight, _ = _arrays(seeded_rng("depthwise-dw-direct", window), 1, c, h, w, 1, window, "NHWC", np.float64)
+    kw = _window_kwargs(window, c, "NHWC")
+    ho, wo = ((n + 2 * p - k) // s + 1 for n, p, k, s in zip((h, w), (window.padding[0][0], window.padding[1][0]),
+                                                              window.kernel, window.stride))
+    dy = seeded_rng("depthwise-dw-direct-dy", window).standard_normal((1, ho, wo, c))
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
+    results = []
+    for count in (1, 2):
+        threads(count)
+        results.append(convgen.conv2d_backward(dy, x, weight, **kw, **DEPTHWISE)[1])
+        assert_close(results[-1], expected, np.float64, f"dw, {count} threads")
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_stream_bytes_must_be_a_count_of_bytes():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="depthwise_stream_bytes"):
