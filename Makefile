@@ -31,7 +31,8 @@ compare: build
 	$(CONVGEN) compare k7s2p3 --shape 8,3,224,224,64 --repeat 5
 	$(CONVGEN) compare k3s1p1 --shape 1,32,32,32,32 --repeat 5
 
-# One pytest-xdist worker per core: the tests compile their kernels on first use, one at a time per worker.
+# One pytest-xdist worker per core: the tests compile their kernels on first use, a module per op, the
+# workers side by side (a module one worker is compiling, the other waits for and loads).
 TEST_WORKERS ?= auto
 test: $(INSTALLED)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
@@ -48,6 +49,7 @@ $(BENCH_INSTALLED): $(INSTALLED) pyproject.toml
 bench: $(BENCH_INSTALLED)
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/overhead.py
+	$(PY) bench/first_call.py
 
 # The op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (own cache
 # dir, sanitizer runtimes preloaded); any report fails. CI runs a subset: make sanitize SANITIZE_ARGS=--quick

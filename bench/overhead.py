@@ -17,9 +17,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import convgen  # noqa: E402
-from convgen import abi, resolve  # noqa: E402
-from convgen.spec import ConvSpec  # noqa: E402
-from convgen.timing import time_alternating  # noqa: E402
+from convgen.codegen import abi  # noqa: E402
+from convgen.frontend import resolve  # noqa: E402
+from convgen.planning.spec import ConvSpec  # noqa: E402
+from convgen.tools.timing import time_alternating  # noqa: E402
 
 
 def measure(specialize: bool, repeat: int) -> dict:
@@ -35,13 +36,14 @@ def measure(specialize: bool, repeat: int) -> dict:
     t = np.empty_like(convgen.conv_transpose2d(y, w, **kw))
 
     # The kernels called straight through their cffi functions, with the pointers made once and the
-    # arguments convgen.abi declares (what Kernels.call passes).
+    # arguments convgen.codegen.abi declares (what Kernels.call passes).
     problem = resolve.conv_problem(x.shape, w.shape, x.dtype, 1, 1, 1, 1, "NCHW")
     spec = ConvSpec(problem.window if specialize else None, "float32", "NCHW")
     k = convgen.get_kernels(spec)
     args = (*abi.size_arguments(problem, specialize), convgen.num_threads())
-    fwd, bwd_data, bwd_weight = (getattr(k.lib, spec.symbol(entry)) for entry in ("fwd", "bwd_data", "bwd_weight"))
-    ptr = {name: k.ffi.from_buffer("float[]", a) for name, a in
+    modules = {entry: k.module(entry) for entry in ("fwd", "bwd_data", "bwd_weight")}  # a module per op
+    fwd, bwd_data, bwd_weight = (getattr(m.lib, spec.symbol(entry)) for entry, m in modules.items())
+    ptr = {name: modules["fwd"].ffi.from_buffer("float[]", a) for name, a in
            dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
     funcs = {
         "conv2d": lambda: convgen.conv2d(x, w, b, out=y, **kw),

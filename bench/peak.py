@@ -1,4 +1,5 @@
-"""This machine's float32 FMA peak, measured by the loop in fma_peak.c on 1 thread and on all threads.
+"""This machine's CPU model, and its float32 FMA peak measured by the loop in fma_peak.c on 1 thread
+and on all threads.
 
 The loop is compiled with the same compiler convgen uses (-march=native, OpenMP) into a temporary
 directory and loaded with cffi's ABI mode; the peak is the best of many timed calls, since the
@@ -7,6 +8,7 @@ ceiling is what the hardware can do when nothing else gets in the way.
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import tempfile
 import time
@@ -14,9 +16,29 @@ from pathlib import Path
 
 import cffi
 
-from convgen.build import find_compiler
+from convgen.runtime.toolchain import find_compiler
 
 SOURCE = Path(__file__).resolve().parent / "fma_peak.c"
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (/proc/cpuinfo), with its family and model numbers (a
+    virtual machine may name only the brand: "AMD EPYC" is Zen 3 as family 25 model 1, Zen 4 as family
+    25 model 17); else what the platform module knows."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor's fields
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    numbers = [f"{name} {fields[key]}" for name, key in (("family", "cpu family"), ("model", "model")) if key in fields]
+    return f"{fields['model name']} ({', '.join(numbers)})" if numbers else fields["model name"]
 
 
 def load_loop(source: Path, cdef: str, optimization: str, what: str):

@@ -529,7 +529,7 @@ def depthwise_section(rows, bandwidth) -> list[str]:
               f"passes): **{bandwidth['gbs_1']:.1f} GB/s on 1 thread, {bw_all:.1f} GB/s on "
               f"{bandwidth['threads']} threads**; % is of the latter" if bandwidth else "")
            + ". A layer whose arrays fit in the caches can run faster than that bandwidth. NumPy: one "
-           "multiply-add of a strided view per tap (convgen.baselines), the check every result is compared "
+           "multiply-add of a strided view per tap (convgen.tools.baselines), the check every result is compared "
            "with first.", ""]
     for op in _ops_in(rows):
         out += [f"### {OP_TITLES[op]}, depthwise", ""] + depthwise_table([r for r in rows if r["op"] == op], bw_all)
@@ -577,7 +577,7 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
             "than that count (F(4×4, 3×3): 36 per 4×4 output tile and input channel instead of 144, a quarter; "
             "its transforms are additions and constant multiplies), so its effective rate can exceed 100 % of "
             "the FMA peak: past 100 %, the algorithm saved work the hardware did not have to do.", "",
-            "algorithm: what the specialized implementation computed with, as `convgen.planner.plan` chooses "
+            "algorithm: what the specialized implementation computed with, as `convgen.planning.planner.plan` chooses "
             "for the window (`algorithm=\"auto\"`); Winograd computes a convolution and an input gradient, a "
             "weight gradient is always direct. spec. direct: the same specialized build forced to "
             "`algorithm=\"direct\"`, timed on rows where the planner chose another algorithm (\"= specialized\" "
@@ -609,7 +609,7 @@ def markdown(results, fma, info, chart=None, previous=None, depthwise=(), bandwi
             "error: max |result − NumPy| / max |NumPy| over all outputs (float32 both), checked before timing "
             "(the 1-D and 3-D rows, which have no NumPy baseline, against PyTorch's result instead). "
             f"Direct code must agree within {ERROR_LIMIT:g}; a Winograd kernel within its own bound "
-            "(`convgen.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
+            "(`convgen.planning.winograd.ERROR_BOUND`, the bound the planner chooses tiles by), the specialized bound column. "
             "other processes' CPU: the share of the machine's CPU time used by other processes while the row "
             "was timed.",
             ""] + detail_table(every_row) + [""]

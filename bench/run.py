@@ -5,11 +5,11 @@ direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows), convgen specialize
 algorithm="direct" (on rows where the planner picked another algorithm: what that algorithm buys
 over direct code for the same window), convgen generic (always direct), NumPy (im2col by
 as_strided, then matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports),
-alternated within one run (convgen.timing.time_alternating: medians after warm-up; every row in
+alternated within one run (convgen.tools.timing.time_alternating: medians after warm-up; every row in
 each of --rounds passes over all the rows, the median of the passes kept), float32, all threads, in
 NCHW and (the 2-D layers) again in NHWC, where PyTorch gets channels_last tensors. Every result is
 first checked against NumPy's, within 1e-3 relative error for direct code and within
-convgen.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is marked in the
+convgen.planning.winograd.ERROR_BOUND for a Winograd kernel; a result outside its bound is marked in the
 tables and makes the script exit with status 1. Writes bench/results/bench.md and
 bench/results/bench.png and prints the tables.
 
@@ -76,10 +76,12 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 import numpy as np  # noqa: E402
 
 import convgen  # noqa: E402
-from convgen import baselines, planner, resolve, winograd  # noqa: E402
-from convgen.problem import Problem, image_shape, weight_shape  # noqa: E402
-from convgen.spec import ConvSpec  # noqa: E402
-from convgen.timing import time_alternating  # noqa: E402
+from convgen.tools import baselines  # noqa: E402
+from convgen.planning import planner, winograd  # noqa: E402
+from convgen.frontend import resolve  # noqa: E402
+from convgen.planning.problem import Problem, image_shape, weight_shape  # noqa: E402
+from convgen.planning.spec import ConvSpec  # noqa: E402
+from convgen.tools.timing import time_alternating  # noqa: E402
 
 import bandwidth  # noqa: E402
 import peak  # noqa: E402
@@ -222,7 +224,7 @@ def specs_of(problem: Problem, algorithm: str) -> dict:
     """The kernel module each convgen implementation calls for `problem`, as the ops plan it:
     {"specialized": the planner's choice under `algorithm`, "direct": the specialized direct module
     (only when "specialized" is another family), "generic": the generic module}."""
-    schedule = convgen.kernels.settings().schedule()
+    schedule = convgen.runtime.kernels.settings().schedule()
     chosen = planner.plan(problem, True, schedule, algorithm).spec
     specs = {"specialized": chosen}
     if chosen.family != "direct":
@@ -709,16 +711,6 @@ def blas_info() -> str:
     return f"{blas.get('name', 'unknown')} {blas.get('version', '')} (numpy.show_config; kernel not queried)"
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def source_revision() -> str:
     """The commit the kernels were built from, and whether convgen/ or templates/ differ from it."""
@@ -736,10 +728,10 @@ def source_revision() -> str:
 
 
 def machine_info(torch, threads: int) -> dict:
-    settings = convgen.kernels.settings()
+    settings = convgen.runtime.kernels.settings()
     return {
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "cpu": cpu_model(),
+        "cpu": peak.cpu_model(),
         "cores": os.cpu_count(),
         "threads": threads,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -1,5 +1,5 @@
-"""`python -m convgen`: the same command line as the `convgen` script (convgen/cli.py)."""
+"""`python -m convgen`: the same command line as the `convgen` script (convgen/tools/cli.py)."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

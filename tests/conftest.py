@@ -1,4 +1,4 @@
-"""One kernel cache for the whole test session, so each spec compiles once per machine."""
+"""One kernel cache for the whole test session, so each module compiles once per machine."""
 
 import os
 from pathlib import Path
@@ -15,11 +15,13 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def prebuilt_kernels():
-    """Compile the swept specs up front, all cores at once, instead of one by one on first use.
+    """Compile the swept specs up front, all cores at once, one module of every op per spec (the
+    tests run every op of them), instead of a module per op on first use.
 
     Under pytest-xdist (`make test` runs one worker per core) every worker builds them all with its
     share of the cores, each starting at its own place in the list: a spec another worker is
-    compiling waits on the cache's lock, one it has finished is loaded from the cache."""
+    compiling waits on the cache's lock, one it has finished is loaded from the cache. Kernels the
+    grid does not list compile on first use, a module per op, as they would for a user."""
     import convgen
     from grid import all_specs
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from convgen.spec import ConvSpec, Window
+from convgen.planning.spec import ConvSpec, Window
 from helpers import to_layout
 
 # Kernel sizes 1-7 (odd and even, square and rectangular), strides 1-3, paddings 0-3.

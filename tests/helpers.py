@@ -6,9 +6,10 @@ import zlib
 import numpy as np
 
 import convgen
-from convgen import ops, planner
-from convgen.kernels import settings
-from convgen.problem import Problem
+from convgen.frontend import ops
+from convgen.planning import planner
+from convgen.runtime.kernels import settings
+from convgen.planning.problem import Problem
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
 

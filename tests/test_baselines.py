@@ -8,7 +8,8 @@ depthwise baseline on the same windows.
 import numpy as np
 import pytest
 
-from convgen import baselines, reference
+from convgen.tools import baselines
+from convgen import reference
 from helpers import assert_close
 
 # (N, C, H, W, F, K, S, P)

@@ -8,11 +8,12 @@ one tiny row is run once to check that every implementation's result is compared
 import importlib.util
 import os
 import sys
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from convgen import winograd
+from convgen.planning import winograd
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -255,7 +256,7 @@ def test_depthwise_suite_and_bytes(run):
 @pytest.mark.parametrize("op", ["forward", "backward"])
 def test_a_depthwise_row_checks_every_result_against_numpy(run, op, layout):
     """A tiny depthwise layer, run once: every implementation (PyTorch in its layout too) agrees with NumPy."""
-    from convgen.baselines import torch_module
+    from convgen.tools.baselines import torch_module
     layer = run.DepthwiseLayer("tiny", 2, 8, 9, 11, 3, 2)
     case = run.make_depthwise_case(op, layer, layout, torch_module())
     assert {"specialized", "direct", "generic", "numpy"} <= set(case.funcs) and case.algorithm == "depthwise"
@@ -322,7 +323,7 @@ def test_extra_layers_and_row_groups(run):
 def test_make_builds_the_bench_windows(run):
     """Every module the bench's rows call (window, layout, dtype, family, specialized or generic) is in
     kernels.toml, so `make` builds them ahead."""
-    from convgen.specfile import load_spec_file
+    from convgen.tools.specfile import load_spec_file
     built = set(load_spec_file(BENCH.parent / "kernels.toml"))
     groups = run.row_groups([l.name for l in run.SUITE + run.EXTRA_SUITE + run.DEPTHWISE_SUITE], list(run.OPS),
                             list(run.LAYOUTS))
@@ -345,7 +346,7 @@ def test_make_builds_the_bench_windows(run):
 def test_an_nhwc_row_checks_every_result_against_numpy(run, op, layer):
     """A tiny NHWC row, run once: convgen (NHWC arrays) and PyTorch (channels_last) agree with NumPy's
     result in NHWC; every result has the NHWC shapes."""
-    from convgen.baselines import torch_module
+    from convgen.tools.baselines import torch_module
     torch = torch_module()
     layer = run.Layer(*layer)
     case = run.make_case(op, layer, torch, layout="NHWC")
@@ -478,3 +479,16 @@ def test_issue11_targets(run, report):
     no_torch = [dict(r, seconds={i: t for i, t in r["seconds"].items() if i != "pytorch"}) for r in nhwc]
     assert report.issue11_targets([], no_torch, [])[0].endswith(": not measured")
     assert "**met** — 1.50× (resnet3x3 1.50×)" in report.issue11_targets([], nhwc[:1], [])[0]
+
+
+def test_first_call_bench_times_a_new_window_in_a_fresh_cache(tmp_path):
+    """bench/first_call.py: one case, one fresh process; the report names the CPU and both first calls."""
+    out = tmp_path / "first_call.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "first_call.py"), "--repeat", "1", "--out", str(out),
+                           "--cases", "k2s1p0:NHWC:direct"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = out.read_text()
+    assert "CPU: " in report
+    row = next(line for line in report.splitlines() if line.startswith("| k2s1p0 | NHWC | direct |"))
+    once, forward, backward = (float(cell) for cell in row.strip("|").split("|")[3:6])
+    assert 0 < once < 600 and 0 < forward < 600 and 0 < backward < 600

@@ -1,8 +1,9 @@
 """The kernel cache: where it lives, what its key covers, and what it refuses to load.
 
-Most tests run in a private, empty cache directory. `seed` copies a module the session has already
-built (tests/grid.py) into it, so a test can damage or move a real kernel without compiling one;
-`tiny_build` compiles a one-function cffi module through convgen.build for the cache mechanics
+Most tests run in a private, empty cache directory. `seed` copies SPEC's module of every op from the
+session's cache (conftest builds it there) into it, so a test can damage or move a real kernel
+without compiling one;
+`tiny_build` compiles a one-function cffi module through convgen.runtime.build for the cache mechanics
 that need a build but not a convolution.
 """
 
@@ -19,11 +20,13 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import build, cache, kernels, reference, render
-from convgen.spec import ConvSpec, Window
+from convgen.runtime import build, cache, kernels
+from convgen import reference
+from convgen.codegen import render
+from convgen.planning.spec import ConvSpec, Window
 
 SESSION_CACHE = Path(os.environ["CONVGEN_CACHE_DIR"])  # set by conftest before any test runs
-SPEC = ConvSpec(Window((1, 1), 1, 0), "float64", "NCHW")  # in tests/grid.py, so the session built it
+SPEC = ConvSpec(Window((1, 1), 1, 0), "float64", "NCHW")  # in tests/grid.py: the session builds it anyway
 
 
 @pytest.fixture
@@ -38,21 +41,30 @@ def private_cache(tmp_path, monkeypatch):
 
 
 def module_paths(spec, directory):
-    """The module file and digest file of `spec` (under the active settings) in `directory`."""
+    """The file and digest file of `spec`'s module of every op (under the active settings) in `directory`."""
     active = kernels.settings()
-    name = cache.module_name(kernels.cache_key(render.render(spec, active.schedule()), active.toolchain))
+    rendered = render.render(spec, active.schedule())
+    name = cache.module_name(kernels.cache_key(rendered, active.toolchain))
     return directory / f"{name}{build.extension_suffix()}", directory / f"{name}.sha256"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def spec_built_in_the_session_cache():
+    """SPEC's module of every op in the session's cache (conftest's prebuild made it), for `seed`."""
+    failures = {s: e for s, e in kernels.build_all([SPEC]).items() if isinstance(e, Exception)}
+    assert not failures, failures
+
+
 def seed(spec, directory):
-    """Copy the session's built module of `spec` into `directory`."""
+    """Copy the session's built module of every op of `spec` into `directory`."""
     for source, target in zip(module_paths(spec, SESSION_CACHE), module_paths(spec, directory)):
         shutil.copyfile(source, target)
     return module_paths(spec, directory)
 
 
 def load(spec):
-    """(Kernels, built) for `spec`, from disk: nothing kept from earlier loads in this process."""
+    """(Kernels, built) for `spec`'s module of every op, from disk: nothing kept from earlier loads in
+    this process."""
     kernels.reset()
     outcome = kernels.build_all([spec])[spec]
     if isinstance(outcome, Exception):
@@ -278,7 +290,7 @@ def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path):
     with convgen.configure(templates=edited):
         fresh, built = load(SPEC)
         assert built
-        assert probe in fresh.rendered.source and probe not in original.rendered.source
+        assert probe in fresh.rendered("fwd").source and probe not in original.rendered("fwd").source
         check_conv(SPEC)
     assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
 
@@ -454,3 +466,57 @@ def test_configured_sanitizer_build_needs_the_runtime_too(private_cache):
         with pytest.raises(convgen.BuildError, match="AddressSanitizer runtime preloaded"):
             convgen.conv2d(x, w)
     assert not list(private_cache.glob(f"*{build.extension_suffix()}"))
+
+
+def test_a_call_compiles_only_the_modules_of_its_op(private_cache):
+    """A forward call builds the forward module alone; the first backward call adds its two, and a
+    transposed call after them builds nothing (it runs the input gradient's module)."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
+    modules = lambda: sorted(private_cache.glob(f"*{build.extension_suffix()}"))  # noqa: E731
+    y = convgen.conv2d(x, w)
+    assert len(modules()) == 1
+    dx, dw, _ = convgen.conv2d_backward(np.ones_like(y), x, w)
+    assert len(modules()) == 3
+    np.testing.assert_allclose(dx, reference.conv2d_backward(np.ones_like(y), x, w)[0], rtol=1e-12)
+    convgen.conv_transpose2d(y, w)  # weights (C_in, C_out, KH, KW): the conv's own
+    assert len(modules()) == 3
+    assert {kernels.get_kernels(SPEC).rendered(op).ops for op in ("fwd", "bwd_data", "bwd_weight")} == \
+        {("fwd",), ("bwd_data",), ("bwd_weight",)}
+
+
+def test_a_module_of_every_op_serves_every_op(private_cache):
+    """build_all (what `convgen build` runs) compiles one module of every op; the calls after it, in a
+    new process as here after reset(), load that module and compile nothing."""
+    assert kernels.build_all([SPEC])[SPEC] == "built"
+    kernels.reset()
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
+    y = convgen.conv2d(x, w)
+    convgen.conv2d_backward(np.ones_like(y), x, w)
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 1
+    assert {kernels.get_kernels(SPEC).rendered(op).ops for op in ("fwd", "bwd_data", "bwd_weight")} == \
+        {("fwd", "bwd_data", "bwd_weight")}
+
+
+@pytest.mark.parametrize("family, layout", [("direct", "NCHW"), ("direct", "NHWC"), ("winograd", "NCHW"),
+                                            ("winograd", "NHWC"), ("depthwise", "NCHW"), ("depthwise", "NHWC")])
+def test_modules_of_one_op_compute_every_op(private_cache, family, layout):
+    """What a user's first calls load: each op from a module of its own, in every family and layout,
+    against the reference (the rest of the suite mostly runs the modules of every op that conftest
+    builds). The stride-1 "same" window takes the depthwise input gradient through the forward pass."""
+    from helpers import to_layout
+    rng = np.random.default_rng(3)
+    groups = 8 if family == "depthwise" else 1
+    x = rng.standard_normal((2, 8, 9, 10))
+    w = rng.standard_normal((8, 8 // groups, 3, 3))
+    kw = dict(padding=1, groups=groups, layout=layout, algorithm=family)
+    xl, wl = to_layout(x, w, layout)
+    y = convgen.conv2d(xl, wl, **kw)
+    dy = rng.standard_normal(y.shape)
+    dx, dw, _ = convgen.conv2d_backward(dy, xl, wl, **kw)
+    ref = dict(padding=1, groups=groups, layout=layout)
+    np.testing.assert_allclose(y, reference.conv2d(xl, wl, **ref), rtol=1e-9, atol=1e-9)
+    for got, want in zip((dx, dw), reference.conv2d_backward(dy, xl, wl, **ref)):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 3  # a module per op

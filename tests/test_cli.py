@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from convgen import reference
-from convgen.abi import ENTRY_POINTS, PADDING_MODE_IDS
-from convgen.cli import make_parser
-from convgen.csource import extract
-from convgen.spec import ConvSpec, Window
+from convgen.codegen.abi import ENTRY_POINTS, PADDING_MODE_IDS
+from convgen.tools.cli import make_parser
+from convgen.codegen.csource import extract
+from convgen.planning.spec import ConvSpec, Window
 from helpers import TOLERANCE, to_layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,13 +121,13 @@ def test_build_then_cache_info_list_clear(tmp_path):
     assert again.returncode == 0 and "0 built, 1 already cached, 0 failed" in again.stdout
 
     modules = sorted(cache.glob("_cg_*.so"))
-    assert len(modules) == 1
+    assert len(modules) == 1  # `convgen build`: one module of every op
     info = convgen("cache", "info", env=env).stdout
     assert f"directory: {cache}\n" in info and "modules:   1 (" in info
     listing = convgen("cache", "list", env=env).stdout.splitlines()
     assert listing[0].split() == ["kernels", "size", "modified", "file"]
     row = listing[1]
-    assert row.startswith("k1s1p0 float32 NCHW") and row.endswith(modules[0].name)
+    assert row.startswith("k1s1p0 float32 NCHW ") and row.endswith(modules[0].name)
     assert re.search(r"\d+\.\d (kB|MB)  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row), row
     assert listing[2].startswith("1 modules, ")
 
@@ -139,13 +139,18 @@ def test_build_then_cache_info_list_clear(tmp_path):
 
 @pytest.mark.parametrize("spec", [ConvSpec.parse("k3x5s2p1x2d2", "float64", "NHWC"), ConvSpec(None, "float32", "NCHW")])
 def test_cache_list_reads_the_spec_from_the_modules_symbols(tmp_path, spec):
-    """`cache list` labels a module by the forward symbol cffi keeps in it (as strings in a binary)."""
-    from convgen.cli import module_label
+    """`cache list` labels a module by the entry point symbol cffi keeps in it (as strings in a binary):
+    its spec and its op."""
+    from convgen.tools.cli import module_label
     module = tmp_path / "module.so"
     module.write_bytes(b"\x7fELF\x00cg_conv2d_fwd_junk\x00_cffi_f_" + spec.symbol("fwd").encode() + b"\x00\x01"
-                       + spec.symbol("bwd_data").encode() + b"\x00")
-    assert module_label(module) == f"{spec.short()} {spec.dtype} {spec.layout}"
-    module.write_bytes(b"\x7fELF\x00cg_conv2d_bwd_data_k3s1p1_nchw_float32\x00")  # no forward entry point
+                       + spec.symbol("workspace").encode() + b"\x00")
+    assert module_label(module) == f"{spec.short()} {spec.dtype} {spec.layout} forward"
+    module.write_bytes(b"\x7fELF\x00" + b"\x00".join(spec.symbol(op).encode() for op in ("fwd", "bwd_data", "bwd_weight")))
+    assert module_label(module) == f"{spec.short()} {spec.dtype} {spec.layout}"  # a module of every op
+    module.write_bytes(b"\x7fELF\x00cg_conv2d_bwd_data_k3s1p1_nchw_float32\x00")  # the input gradient's module
+    assert module_label(module) == "k3s1p1 float32 NCHW input gradient"
+    module.write_bytes(b"\x7fELF\x00cg_conv2d_workspace_k3s1p1_nchw_float32\x00")  # no op's entry point
     assert module_label(module) == "?"
     assert module_label(tmp_path / "missing.so") == "?"
 

@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import cli, depthwise, planner, reference
-from convgen.kernels import settings
-from convgen.render import render
-from convgen.resolve import conv_problem, transposed_problem
-from convgen.spec import ConvSpec, Window
-from convgen.specfile import load_spec_file
+from convgen.tools import cli
+from convgen.codegen import depthwise
+from convgen.planning import planner
+from convgen import reference
+from convgen.runtime.kernels import settings
+from convgen.codegen.render import render
+from convgen.frontend.resolve import conv_problem, transposed_problem
+from convgen.planning.spec import ConvSpec, Window
+from convgen.tools.specfile import load_spec_file
 from grid import DEPTHWISE_MORE_WINDOWS, DEPTHWISE_WINDOWS, DTYPES, LAYOUTS, depthwise_dtypes
 from helpers import assert_close, at_line_offset, kernels_for, numerical_gradient, relative_error, seeded_rng, to_layout
 

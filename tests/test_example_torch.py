@@ -1,14 +1,14 @@
 """examples/torch_interop.py in its --quick form: it converts the network, finds that the converted
 network agrees with PyTorch, and prints a row per dtype, memory format and pass; every kernel it
-runs is one `make` builds ahead of time (kernels.toml); the README shows the same table."""
+runs is one `make` builds ahead of time (kernels.toml); docs/torch.md shows the same table."""
 
 import importlib.util
 import io
 import re
 from pathlib import Path
 
-import convgen.ops
-from convgen.specfile import load_spec_file
+import convgen.frontend.ops
+from convgen.tools.specfile import load_spec_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "torch_interop.py"
@@ -34,11 +34,11 @@ def test_torch_interop_quick(monkeypatch):
     example = _load_example()
     used = set()
 
-    def recording(spec, _get_kernels=convgen.ops.get_kernels):
+    def recording(spec, _get_kernels=convgen.frontend.ops.get_kernels):
         used.add(spec)
         return _get_kernels(spec)
 
-    monkeypatch.setattr(convgen.ops, "get_kernels", recording)
+    monkeypatch.setattr(convgen.frontend.ops, "get_kernels", recording)
     log = io.StringIO()
     rows = example.main(["--quick"], out=log)
     missing = used - set(load_spec_file(ROOT / "kernels.toml"))
@@ -52,8 +52,8 @@ def test_torch_interop_quick(monkeypatch):
         assert row["pytorch"] > 0 and row["convgen"] > 0
     assert re.search(r"float32 \S+ \(within 1e-04: yes\), float64 \S+ \(within 1e-10: yes\)\n", text)
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "torch.md").read_text()
     shown = re.search(r"^```text\n\$ \.venv/bin/python examples/torch_interop\.py[^\n]*\n(.*?)^```$", readme,
                       re.MULTILINE | re.DOTALL)
-    assert shown, "the README shows the example's output in a ```text block opened by its command line"
-    assert _table(shown.group(1)) == (header, table), "the README's table is not what the example prints"
+    assert shown, "docs/torch.md shows the example's output in a ```text block opened by its command line"
+    assert _table(shown.group(1)) == (header, table), "docs/torch.md's table is not what the example prints"

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import planner, reference
-from convgen.kernels import settings
-from convgen.resolve import conv_problem
-from convgen.spec import winograd_computes
+from convgen.planning import planner
+from convgen import reference
+from convgen.runtime.kernels import settings
+from convgen.frontend.resolve import conv_problem
+from convgen.planning.spec import winograd_computes
 from grid import CONV_CASES, DTYPES, FORWARD_WINDOWS, GRADIENT_WINDOWS, LAYOUTS, TRANSPOSE_CASES, Case
 from helpers import assert_close, numerical_gradient, relative_error, seeded_rng, to_layout
 

@@ -2,7 +2,7 @@
 
 The schedule (and so the micro-kernel's vector width and register tile) is chosen when the C is
 generated; forcing a slower path here checks the kernels a machine with only AVX2, or with no
-usable SIMD, would get. Every ISA of `convgen.schedule.ISAS` runs the gradient grid of
+usable SIMD, would get. Every ISA of `convgen.planning.schedule.ISAS` runs the gradient grid of
 tests/grid.py (forward, dx, dW and the transposed ops, specialized for each window of the grid,
 both layouts) and a call big enough for several threads; one this machine cannot run is skipped
 with its name and the reason, never left out.
@@ -13,9 +13,9 @@ import pytest
 
 import convgen
 from convgen import reference
-from convgen.kernels import settings
-from convgen.schedule import ISAS, supported_isas
-from convgen.spec import ConvSpec, Window
+from convgen.runtime.kernels import settings
+from convgen.planning.schedule import ISAS, supported_isas
+from convgen.planning.spec import ConvSpec, Window
 from grid import CONV_CASES, LAYOUTS, TRANSPOSE_CASES, grid_dtype, isa_grid_specs
 from helpers import assert_close, assert_parallel, at_line_offset, seeded_rng
 
@@ -34,7 +34,7 @@ def _skip_unless_supported(isa):
     if isa is None:
         return
     compiler = settings().toolchain.compiler
-    supported = supported_isas(compiler)
+    supported = settings().toolchain.supported_isas()
     if isa not in supported:
         pytest.skip(f"isa {isa} is not supported on this machine: `{compiler} -march=native` does not "
                     f"target it (supported here: {', '.join(supported)})")
@@ -79,7 +79,7 @@ def test_the_forced_schedule_is_the_one_built(path):
         schedule = settings().schedule()
         for key, value in path.items():
             assert getattr(schedule, key) == value
-        source = convgen.get_kernels(ConvSpec(WINDOWS[0])).rendered.source
+        source = convgen.get_kernels(ConvSpec(WINDOWS[0])).rendered().source
         assert f"schedule {schedule.isa}" in source and f"micro-kernel {schedule.ukernel}" in source
 
 
@@ -130,7 +130,7 @@ def test_gradient_grid_conv2d(isa, index, layout):
     expected = reference.conv2d(x, w, b, **kw)
     dy = rng.standard_normal(expected.shape).astype(dtype)
     with convgen.configure(isa=isa):
-        assert convgen.get_kernels(ConvSpec(case.window(), dtype, layout)).rendered.schedule.isa == isa
+        assert convgen.get_kernels(ConvSpec(case.window(), dtype, layout)).rendered().schedule.isa == isa
         assert_close(convgen.conv2d(x, w, b, **kw), expected, dtype, f"{isa} conv2d")
         _check(convgen.conv2d_backward(dy, x, w, **kw), reference.conv2d_backward(dy, x, w, **kw), dtype,
                f"{isa} conv2d_backward")
@@ -213,12 +213,22 @@ def test_depthwise_nhwc_forward_off_a_cache_line_on_every_isa(isa):
 # ------------------------------------------------------------------------------------ refusals
 def test_unsupported_isa_is_refused(monkeypatch):
     """On a machine whose compiler reports only AVX2, asking for AVX-512 is an error, not a crash later."""
-    from convgen import schedule
-    monkeypatch.setattr(schedule, "supported_isas", lambda compiler: ("avx2", "portable"))
+    from convgen.planning import schedule
+    from convgen.runtime import build
+    monkeypatch.setattr(build, "supported_isas", lambda macros: ("avx2", "portable"))
     with pytest.raises(ValueError, match="not supported"):
         with convgen.configure(isa="avx512"):
             pass
-    assert schedule.get_schedule("cc").isa == "avx2"  # the best the machine has is the default
+    monkeypatch.delenv("CONVGEN_ISA", raising=False)
+    assert schedule.get_schedule(("avx2", "portable")).isa == "avx2"  # the best the machine has is the default
+
+
+def test_supported_isas_read_the_compilers_native_macros():
+    avx2 = ["#define __AVX2__ 1", "#define __FMA__ 1", "#define __SSE2__ 1"]
+    assert supported_isas(avx2) == ("avx2", "portable")
+    assert supported_isas(avx2 + ["#define __AVX512F__ 1"]) == ("avx512", "avx2", "portable")
+    assert supported_isas(["#define __AVX2__ 1"]) == ("portable",)  # AVX2 without FMA: no avx2 schedule
+    assert supported_isas([]) == ("portable",)
 
 
 def test_unknown_isa_and_schedule_field_are_refused():

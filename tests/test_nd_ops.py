@@ -14,8 +14,8 @@ import pytest
 
 import convgen
 from convgen import reference
-from convgen.ndspec import NdWindow
-from convgen.spec import ConvSpec
+from convgen.planning.ndspec import NdWindow
+from convgen.planning.spec import ConvSpec
 from helpers import assert_close, seeded_rng
 
 DTYPES = ("float32", "float64")

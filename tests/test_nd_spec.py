@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import kernels
-from convgen.cli import main
-from convgen.ndspec import NdWindow, lowered_spec, window_rank
-from convgen.spec import ConvSpec, Window
-from convgen.specfile import load_spec_file
+from convgen.runtime import kernels
+from convgen.tools.cli import main
+from convgen.planning.ndspec import NdWindow, lowered_spec, window_rank
+from convgen.planning.spec import ConvSpec, Window
+from convgen.tools.specfile import load_spec_file
 
 ROUND_TRIPS = [
     ("k9s2p4", 1, NdWindow((9,), (2,), ((4, 4),), (1,))),

@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import convgen
-from convgen import planner, reference
-from convgen.kernels import settings as kernel_settings
-from convgen.resolve import conv_problem
-from convgen.spec import PADDING_MODES, ConvSpec, Window
+from convgen.planning import planner
+from convgen import reference
+from convgen.runtime.kernels import settings as kernel_settings
+from convgen.frontend.resolve import conv_problem
+from convgen.planning.spec import PADDING_MODES, ConvSpec, Window
 from grid import DTYPES, LAYOUTS, PADDING_MODE_CASES, PADDING_MODE_WINDOWS, Case, all_specs
 from helpers import assert_close, numerical_gradient, planned_threads, relative_error, seeded_rng
 
@@ -347,7 +348,7 @@ def test_modes_are_distinct_kernels_but_unpadded_windows_are_one():
 
 def test_rendered_border_code_follows_the_mode():
     """Specialized: only the mode's own index arithmetic, no branch on a mode; generic: pm at run time."""
-    from convgen.render import render
+    from convgen.codegen.render import render
     schedule = kernel_settings().schedule()
     sources = {mode: render(ConvSpec(Window(3, 1, 1, 1, mode)), schedule).source for mode in PADDING_MODES}
     assert "return i < 0 ? -i : 2 * (n - 1) - i;" in sources["reflect"]
@@ -360,8 +361,8 @@ def test_rendered_border_code_follows_the_mode():
 
 
 def test_command_line_reads_the_mode(capsys, tmp_path):
-    from convgen.cli import main
-    from convgen.specfile import load_spec_file
+    from convgen.tools.cli import main
+    from convgen.tools.specfile import load_spec_file
 
     assert main(["show", "k3s1p1reflect", "--op", "forward"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The direct family's pixel-row kernels (templates/direct/rows.c.j2) against convgen.reference.
+"""The direct family's pixel-row kernels (templates/direct/rows/) against convgen.reference.
 
 They compute every NHWC op, and in NCHW the forward pass of small images, the input gradient and
 the weight gradient of few filters or weights, as GEMMs with pixels as rows and channels in the vector lanes,
@@ -24,9 +24,9 @@ import pytest
 
 import convgen
 from convgen import reference
-from convgen.kernels import settings
-from convgen.render import render
-from convgen.spec import ConvSpec, Window
+from convgen.runtime.kernels import settings
+from convgen.codegen.render import render
+from convgen.planning.spec import ConvSpec, Window
 from helpers import assert_close, seeded_rng, to_layout
 
 LAYOUTS = ("NHWC", "NCHW")

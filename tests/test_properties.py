@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import convgen
 from convgen import reference
-from convgen.spec import Window, winograd_computes
+from convgen.planning.spec import Window, winograd_computes
 from grid import DEPTHWISE_WINDOWS, FORWARD_WINDOWS, GRADIENT_WINDOWS
 from helpers import assert_close, planned_threads
 

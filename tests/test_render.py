@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from convgen.kernels import settings
-from convgen.render import render
-from convgen.spec import ConvSpec, Window
+from convgen.runtime.kernels import settings
+from convgen.codegen.render import render
+from convgen.planning.spec import ConvSpec, Window
 
 WINDOW_LOOP = re.compile(r"for \(int64_t [ij] = 0; [ij] < (g->k[hw]|\d+);")
 TAP_LOOP = re.compile(r"for \(int64_t t = 0; t < KK;")
@@ -88,3 +88,50 @@ def test_very_large_windows_keep_constant_bound_loops(schedule):
     source = render(ConvSpec(Window.parse("k9s1p4")), schedule).source
     assert "for (int64_t i = 0; i < 9; ++i)" in source and "g->kh" not in source
     assert "const int64_t i = 8, j = 8;" not in source
+
+
+# ------------------------------------------------------------------------- a module per op
+# The kernels each op's module must carry, and functions only another op's kernels define.
+OWN_KERNELS = {
+    ("direct", "NHWC"): {"fwd": "rows_forward(", "bwd_data": "rows_backward_data(", "bwd_weight": "rows_backward_weight("},
+    ("direct", "NCHW"): {"fwd": "forward_block(", "bwd_data": "rows_backward_data(", "bwd_weight": "dw_unit("},
+    ("winograd", "NCHW"): {"fwd": "wino_run(", "bwd_data": "wino_run(", "bwd_weight": "rows_backward_weight("},
+    ("depthwise", "NCHW"): {"fwd": "nchw_forward_channel(", "bwd_data": "nchw_backward_data_plane(",
+                            "bwd_weight": "nchw_weight_taps("},
+    ("depthwise", "NHWC"): {"fwd": "nhwc_forward(", "bwd_data": "nhwc_backward_data_rows(",
+                            "bwd_weight": "nhwc_weight_rows("},
+}
+OPS = ("fwd", "bwd_data", "bwd_weight")
+
+
+@pytest.mark.parametrize("family, layout", list(OWN_KERNELS), ids=lambda v: str(v))
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+def test_a_module_of_one_op_carries_that_op_only(schedule, family, layout, specialize):
+    if family == "winograd" and not specialize:
+        return  # Winograd has no generic build
+    spec = ConvSpec(Window(3, 1, 1) if specialize else None, "float32", layout, family, 4 if family == "winograd" else 0)
+    full = render(spec, schedule)
+    assert full.ops == OPS and all(spec.symbol(op) in full.source for op in OPS)
+    for op in OPS:
+        alone = render(spec, schedule, ops=(op,))
+        assert alone.ops == (op,)
+        assert set(alone.symbols) == {op, "workspace", "threads"}
+        assert alone.cdef.count(";") == 3 and spec.symbol(op) in alone.cdef
+        others = [other for other in OPS if other != op]
+        assert spec.symbol(op) in alone.source and not any(spec.symbol(o) in alone.source for o in others)
+        assert OWN_KERNELS[family, layout][op] in alone.source
+        foreign = {OWN_KERNELS[family, layout][o] for o in others} - {OWN_KERNELS[family, layout][op]}
+        if (family, layout, op) == ("depthwise", "NHWC", "bwd_data"):
+            foreign.discard("nhwc_forward(")  # a stride-1 "same" input gradient is the forward pass over dy
+        # another op's kernel is at most referenced by a plan or a comment, never defined here
+        for name in foreign:
+            assert not re.search(r"^static [^;]*\b" + re.escape(name), alone.source, re.MULTILINE), name
+        assert len(alone.source) < len(full.source)
+
+
+def test_ops_are_checked(schedule):
+    with pytest.raises(ValueError, match="ops must be"):
+        render(ConvSpec(Window(3, 1, 1)), schedule, ops=("forward",))
+    with pytest.raises(ValueError, match="ops must be"):
+        render(ConvSpec(Window(3, 1, 1)), schedule, ops=())
+    assert render(ConvSpec(Window(3, 1, 1)), schedule, ops="bwd_data").ops == ("bwd_data",)

@@ -2,7 +2,7 @@
 
 `make sanitize` is only worth its zero reports if a memory error or undefined behaviour in a
 kernel would really end the run. These tests hand the harness a test that calls a small module,
-built like the kernels (through convgen.build, with the sanitizer flags), that writes past the end
+built like the kernels (through convgen.runtime.build, with the sanitizer flags), that writes past the end
 of a heap buffer, or overflows a signed integer, and check that the run fails and prints the
 sanitizer's report; and that the same harness passes a clean module.
 """
@@ -22,8 +22,9 @@ BAD_TEST = """
 import os
 from pathlib import Path
 
-from convgen import build, cache, kernels, render
-from convgen.spec import ConvSpec
+from convgen.runtime import build, cache, kernels
+from convgen.codegen import render
+from convgen.planning.spec import ConvSpec
 
 os.environ["CONVGEN_CACHE_DIR"] = {cache!r}
 SOURCE = r'''

@@ -2,7 +2,7 @@
 
 import pytest
 
-from convgen.spec import MAX_WINDOW_VALUE, ConvSpec, Window
+from convgen.planning.spec import MAX_WINDOW_VALUE, ConvSpec, Window
 
 
 @pytest.mark.parametrize("text, window", [

@@ -11,7 +11,7 @@ import pytest
 
 import convgen
 from convgen import reference
-from convgen.spec import Window
+from convgen.planning.spec import Window
 from helpers import assert_close, call_problem, kernels_for, planned_threads, seeded_rng
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

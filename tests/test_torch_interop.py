@@ -176,11 +176,11 @@ def calls(monkeypatch):
     """Every call of convgen's ops from convgen.torch: (name, args, kwargs, result), in order."""
     seen = []
     for name in ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward"):
-        def recording(*args, _original=getattr(convgen.ops, name), _name=name, **kwargs):
+        def recording(*args, _original=getattr(convgen.frontend.ops, name), _name=name, **kwargs):
             result = _original(*args, **kwargs)
             seen.append((_name, args, kwargs, result))
             return result
-        monkeypatch.setattr(convgen.ops, name, recording)
+        monkeypatch.setattr(convgen.frontend.ops, name, recording)
     return seen
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import reference, resolve
-from convgen.spec import ConvSpec
+from convgen import reference
+from convgen.frontend import resolve
+from convgen.planning.spec import ConvSpec
 from helpers import assert_close
 
 OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
@@ -454,14 +455,15 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
     """Every template value is an int, a bool, a string of digits, a fixed table entry, or a field name."""
     from fractions import Fraction
 
-    from convgen import abi, render, winograd
-    from convgen.kernels import settings
-    from convgen.spec import DTYPES, FAMILIES, LAYOUTS, PADDING_MODES, ConvSpec, Window
+    from convgen.codegen import abi, render
+    from convgen.planning import winograd
+    from convgen.runtime.kernels import settings
+    from convgen.planning.spec import DTYPES, FAMILIES, LAYOUTS, PADDING_MODES, ConvSpec, Window
 
     schedule = settings().schedule()
     window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)), "reflect")
     fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES) | set(PADDING_MODES)
-             | {schedule.isa, schedule.ukernel, convgen.__version__})
+             | set(abi.OPS) | {schedule.isa, schedule.ukernel, convgen.__version__})
     winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4)
     for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW"), winograd_spec):
         context = render.template_context(spec, schedule)

@@ -30,7 +30,8 @@ USE_THE_API = textwrap.dedent("""\
     import json
     import numpy as np
     import convgen
-    from convgen import reference, render
+    from convgen import reference
+    from convgen.codegen import render
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import convgen
-from convgen import planner, reference, winograd
-from convgen.kernels import settings
-from convgen.resolve import conv_problem
-from convgen.spec import ConvSpec, Window
+from convgen.planning import planner, winograd
+from convgen import reference
+from convgen.runtime.kernels import settings
+from convgen.frontend.resolve import conv_problem
+from convgen.planning.spec import ConvSpec, Window
 from helpers import planned_threads, seeded_rng, to_layout
 
 ALL_OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")
@@ -58,7 +59,7 @@ def test_linear_combination_folds_zeros_and_ones():
 def test_the_rendered_source_has_straight_line_transforms():
     """The specialized Winograd module spells its transforms out with constant coefficients: Bᵀ's
     first row of F(4×4, 3×3) (4·d0 − 5·d2 + d4) appears as code, and no coefficient table."""
-    from convgen.render import render
+    from convgen.codegen.render import render
     source = render(ConvSpec(Window(3, 1, 1), "float32", "NCHW", "winograd", 4), settings().schedule()).source
     assert "(real)4 * " in source and "(real)5 * " in source
     assert "F(4x4, 3x3)" in source or "F(4×4, 3×3)" in source
@@ -225,7 +226,7 @@ def _measured_error(tile, dtype, c, offset, h=20, w=20, f=8):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tile", winograd.TILES)
 def test_each_tile_meets_its_stated_error(tile, dtype):
-    """The table in convgen.winograd (and the README) is what the kernels do: N(0, 1) data and data
+    """The table in convgen.planning.winograd (and docs/algorithms.md) is what the kernels do: N(0, 1) data and data
     with a large common offset, 1 to 512 channels."""
     worst = max(_measured_error(tile, dtype, c, offset) for c in (1, 16, 128, 512) for offset in (0.0, 100.0))
     assert worst <= winograd.MEASURED_ERROR[(tile, dtype)], f"F({tile}x{tile}) {dtype}: {worst:.3g}"

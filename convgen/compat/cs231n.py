@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import ops
-from ..spec import as_int
+from ..frontend import ops
+from ..planning.spec import as_int
 
 
 def _params(conv_param) -> tuple[int, int]:

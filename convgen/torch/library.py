@@ -27,10 +27,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .. import ops as convgen_ops
-from ..planner import as_algorithm
-from ..resolve import as_padding_mode, conv_problem, transposed_problem
-from ..spec import Window, as_int, explicit_padding
+from ..frontend import ops as convgen_ops
+from ..planning.planner import as_algorithm
+from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
+from ..planning.spec import Window, as_int, explicit_padding
 
 DTYPES = (torch.float32, torch.float64)
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -64,7 +64,7 @@ class Kind:
 
     @property
     def forward(self) -> str:
-        """The convgen op (a function in `convgen.ops`) of the forward pass."""
+        """The convgen op (a function in `convgen.frontend.ops`) of the forward pass."""
         return self.name
 
     @property

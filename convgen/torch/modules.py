@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..planner import as_algorithm
+from ..planning.planner import as_algorithm
 from .functional import conv2d, conv_transpose2d
 
 

@@ -105,10 +105,10 @@ def reports(output: str) -> list[str]:
 # Build the quick set in parallel first (without the test conftest there is no prebuild).
 _QUICK_PREBUILD = """
 import dataclasses, sys, convgen
-from convgen import planner
-from convgen.spec import ConvSpec
+from convgen.planning import planner
+from convgen.planning.spec import ConvSpec
 specs = [ConvSpec.parse(*spec[:3]) for spec in {specs!r}]
-schedule = convgen.kernels.settings().schedule()  # Winograd modules get the tile the planner uses
+schedule = convgen.runtime.kernels.settings().schedule()  # Winograd modules get the tile the planner uses
 specs = [dataclasses.replace(s, family=given[3], tile=planner.winograd_tile(s.dtype, schedule)
                              if given[3] == "winograd" else 0)
          if len(given) > 3 else s for s, given in zip(specs, {specs!r})]

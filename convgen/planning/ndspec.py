@@ -1,7 +1,7 @@
 """1-D and 3-D windows: their values, text form and shape arithmetic, and the 2-D kernels that run them.
 
 convgen's kernels are 2-D. A 1-D convolution runs on them with a unit height axis; a 3-D one folds
-its depth taps into the channels and runs its height × width window on them (`convgen.depthfold`).
+its depth taps into the channels and runs its height × width window on them (`convgen.frontend.depthfold`).
 So a 1-D or 3-D window is *specialized* through the 2-D window it lowers to: `NdWindow.lower()`
 says which, and `lowered_spec` names the kernel module that computes a 1-D or 3-D spec.
 
@@ -239,7 +239,7 @@ class NdWindow:
         """(the depth window or None, the 2-D window whose kernels compute this one).
 
         1-D: the 2-D window of one row (kernel 1 × k). 2-D: itself. 3-D: the height × width window,
-        with the depth window the fold handles (`convgen.depthfold`). The padding mode goes to both
+        with the depth window the fold handles (`convgen.frontend.depthfold`). The padding mode goes to both
         (a window without padding drops it).
         """
         mode = self.padding_mode

@@ -6,7 +6,7 @@ computes it, with every window value explicit:
 * 1-D: the arrays with a unit height axis (views, no copy): x (N, C, L) is (N, C, 1, L), the
   weights (F, C/g, K) are (F, C/g, 1, K), and the window is the 1 × K window of one row. Measured
   as fast as a 1-D kernel could be: the 2-D kernels' GEMM sees the same sizes.
-* 3-D: the depth taps folded into the channels (`convgen.depthfold`, which says what that copies),
+* 3-D: the depth taps folded into the channels (`convgen.frontend.depthfold`, which says what that copies),
   the height × width window on the 2-D kernels.
 
 Specialization, the algorithm choice (Winograd F(m×m, 3×3) for a 3×3 height × width window at
@@ -20,13 +20,14 @@ import dataclasses
 
 import numpy as np
 
-from . import ops, planner
+from . import ops
+from ..planning import planner
 from .batching import accepts_unbatched
 from .depthfold import DepthFold, batch_into_slices, slices_as_batch
-from .ndspec import AXES, PLANAR_LAYOUT, NdWindow, as_rank_layout, as_values, explicit_padding
+from ..planning.ndspec import AXES, PLANAR_LAYOUT, NdWindow, as_rank_layout, as_values, explicit_padding
 from .resolve import (array_names, as_flag, as_padding_mode, c_array, check_new_array, common_dtype, groups_dividing,
                       result_array, split_out)
-from .spec import WINOGRAD_WINDOW_TEXT, as_int, winograd_computes
+from ..planning.spec import WINOGRAD_WINDOW_TEXT, as_int, winograd_computes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +230,7 @@ def _fold(call) -> DepthFold:
 
 def _folded_weights(w, layout):
     """3-D weights as the 2-D weights of the folded channels: (F, C/g·KD, KH, KW), a view, in NCDHW;
-    (KH, KW, KD·C/g, F), reordered, in NDHWC (see convgen.depthfold for the channel order)."""
+    (KH, KW, KD·C/g, F), reordered, in NDHWC (see convgen.frontend.depthfold for the channel order)."""
     if layout == "NCDHW":
         outer, inner, kd, kh, kw = w.shape
         return w.reshape(outer, inner * kd, kh, kw)
@@ -369,7 +370,7 @@ def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         width window at stride 1 without dilation, with any depth window.
 
     Returns y: (N, F, Do, Ho, Wo) or (N, Do, Ho, Wo, F). Runs on the 2-D kernel of the height × width
-    window with the depth taps folded into the channels (`convgen.depthfold`: it copies the input
+    window with the depth taps folded into the channels (`convgen.frontend.depthfold`: it copies the input
     KD/sd times over, and in NCDHW transposes the output once).
     """
     return _forward("conv3d", 3, x, w, bias, stride, padding, 0, dilation, groups, layout, specialize, algorithm,

@@ -23,8 +23,8 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from .ndspec import lowered_spec, window_rank
-from .spec import ConvSpec, winograd_computes
+from ..planning.ndspec import lowered_spec, window_rank
+from ..planning.spec import ConvSpec, winograd_computes
 
 _KEYS = {"windows", "dtypes", "layouts", "generic", "algorithms"}
 _ALGORITHMS = ("direct", "winograd", "depthwise")
@@ -86,8 +86,8 @@ def _default_layout(text: str) -> str:
 
 def _winograd_specs(direct_specs) -> list[ConvSpec]:
     """The Winograd twins of the specs whose window Winograd computes, with the schedule's tile."""
-    from .kernels import settings
-    from .planner import winograd_tile
+    from ..runtime.kernels import settings
+    from ..planning.planner import winograd_tile
     found = []
     for spec in direct_specs:
         if winograd_computes(spec.window):

@@ -1,6 +1,6 @@
 """Convolution layers for plain-NumPy training loops: parameters, gradients and the two passes.
 
-A layer owns its weight and bias, calls the ops in `convgen.ops` for both passes and keeps what the
+A layer owns its weight and bias, calls the ops in `convgen.frontend.ops` for both passes and keeps what the
 backward pass needs from the forward one. It does no optimization itself: `parameters()` and
 `gradients()` return matching lists that an optimizer updates in place, e.g.
 
@@ -18,13 +18,13 @@ import numbers
 
 import numpy as np
 
-from . import ndspec
+from ..planning import ndspec
 from .ndops import (as_output_padding_nd, conv1d, conv1d_backward, conv3d, conv3d_backward, conv_transpose1d,
                     conv_transpose1d_backward, conv_transpose3d, conv_transpose3d_backward)
 from .ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
-from .planner import as_algorithm
+from ..planning.planner import as_algorithm
 from .resolve import as_flag, as_float_dtype, as_layout, as_padding_mode, groups_dividing, as_output_padding
-from .spec import as_int, as_pair, explicit_padding
+from ..planning.spec import as_int, as_pair, explicit_padding
 
 
 def _generator(rng) -> np.random.Generator:

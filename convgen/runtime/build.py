@@ -21,13 +21,16 @@ from pathlib import Path
 import cffi
 from cffi.recompiler import make_c_source
 
-from .render import Rendered
-from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler
+from ..codegen.render import Rendered
+from ..planning.schedule import supported_isas
+from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler, native_macros
 
 DEFAULT_CFLAGS = ("-O3",)
-# Added to every build, after the user's flags: OpenMP, a position-independent shared object, and
-# no type-based alias analysis (the kernels view one buffer through several pointer types).
-FIXED_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-fno-strict-aliasing")
+# Added to every build, after the user's flags: OpenMP, a position-independent shared object, no
+# type-based alias analysis (the kernels view one buffer through several pointer types), and hidden
+# symbols: the modules of one spec's ops export entry points of the same names, and with only the
+# module's init function visible, no module's call can bind to another's function.
+FIXED_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-fno-strict-aliasing", "-fvisibility=hidden")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Toolchain:
     @property
     def python_include(self) -> str:
         return sysconfig.get_paths()["include"]
+
+    def supported_isas(self) -> tuple[str, ...]:
+        """The instruction sets this compiler's -march=native can run here, best first."""
+        return supported_isas(native_macros(self.compiler))
 
 
 def default_toolchain() -> Toolchain:

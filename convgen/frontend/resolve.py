@@ -1,6 +1,6 @@
 """The parameter resolver: user arguments in, one checked `Problem` out. All validation lives here.
 
-The ops (`convgen.ops`) and the layers (`convgen.layers`) both check their arguments through these
+The ops (`convgen.frontend.ops`) and the layers (`convgen.frontend.layers`) both check their arguments through these
 functions, so a value is refused with the same message wherever it is given. `resolve` turns one
 op call's arrays and keyword arguments into its arrays (converted to C-contiguous native floats
 where needed), its `Problem` and the shapes of its results; the kernels trust what it returns.
@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from .problem import Problem
-from .spec import DTYPES, LAYOUTS, PADDING_MODES, Window, as_int, as_pair, explicit_padding
+from ..planning.problem import Problem
+from ..planning.spec import DTYPES, LAYOUTS, PADDING_MODES, Window, as_int, as_pair, explicit_padding
 
 FLOAT_DTYPES = tuple(np.dtype(name) for name in DTYPES)  # float32, float64, native byte order
 OPS = ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward")

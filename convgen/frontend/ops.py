@@ -1,6 +1,6 @@
 """The public convolution ops: resolve the arguments once, plan, call the kernels, return.
 
-All checking happens in `convgen.resolve`, the choice of kernels in `convgen.planner`, the C call
+All checking happens in `convgen.frontend.resolve`, the choice of kernels in `convgen.planning.planner`, the C call
 in `Kernels.call`. Transposed convolution is conv2d's input gradient (col2im of Wᵀ·x) and its
 gradients are conv2d's forward and weight gradient, so four ops share three entry points. A call
 signature that passed validation once (same shapes, dtype and parameters: a training loop) is
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import planner
+from ..planning import planner
 from .batching import accepts_unbatched
-from .kernels import Kernels, get_kernels, num_threads, settings
+from ..runtime.kernels import Kernels, get_kernels, num_threads, settings
 from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, resolve, result_array, split_out
 
 # The kernel entry points each op runs (a transposed problem runs them as its conv()).
@@ -38,6 +38,7 @@ class _Call:
         reaches a module the process has let go of; their workspace is checked on first use."""
         kernels = get_kernels(self.plan.spec)
         if kernels is not self._checked:
+            kernels.prepare(OP_ENTRIES[self.resolved.op])
             _check_workspace(kernels, self.resolved)
             self._checked = kernels
         return kernels
@@ -189,7 +190,7 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         padding, dilation as constants); False the generic kernel that takes them at run time.
     algorithm : "auto" (default), "direct", "winograd" or "depthwise". Winograd F(m×m, 3×3) computes
         3×3 windows at stride 1 without dilation with fewer multiplies, rounding differently (its
-        error bound is in convgen.winograd); "auto" takes it where the schedule's cost model says it
+        error bound is in convgen.planning.winograd); "auto" takes it where the schedule's cost model says it
         is faster; its generic build is direct. "depthwise" computes groups == input channels (any
         number of filters per group), specialized or generic; "auto" takes it for such calls from
         8 channels up (`depthwise_min_channels`). Winograd and depthwise pad with zeros only: with

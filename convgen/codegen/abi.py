@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .problem import Problem
-from .spec import PADDING_MODES, ConvSpec
+from ..planning.problem import Problem
+from ..planning.spec import PADDING_MODES, ConvSpec
 
 SIZE_PARAMS = ("n", "c", "h", "w", "f", "ho", "wo", "groups")
 WINDOW_PARAMS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw", "pm")
@@ -56,6 +56,29 @@ ENTRY_POINTS = {
 
 # The op ids of the queries: which kernel a workspace or thread-count question is about.
 OP_IDS = {"fwd": 0, "bwd_data": 1, "bwd_weight": 2}
+# The ops, each with its own entry point. A module carries one or more of them (the runtime builds one
+# module per op, so a call compiles only what it runs; an export carries all three), and always the
+# queries, which answer for every op.
+OPS = tuple(OP_IDS)
+QUERIES = ("workspace", "threads")
+
+
+def as_ops(ops) -> tuple[str, ...]:
+    """`ops` (None: all of them) as a tuple in OPS order; ValueError naming an unknown op."""
+    if ops is None:
+        return OPS
+    if isinstance(ops, str):
+        ops = (ops,)
+    ops = tuple(ops)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        raise ValueError(f"ops must be a non-empty selection of {OPS}, got {ops!r}")
+    return tuple(op for op in OPS if op in ops)
+
+
+def module_entries(ops=None) -> tuple[str, ...]:
+    """The entry points a module of `ops` exports: those ops' and the queries."""
+    return as_ops(ops) + QUERIES
 
 
 def parameters(entry: EntryPoint, spec: ConvSpec) -> list[str]:
@@ -79,9 +102,11 @@ def signatures(spec: ConvSpec) -> dict[str, str]:
     return {name: signature(entry, spec) for name, entry in ENTRY_POINTS.items()}
 
 
-def cdef(spec: ConvSpec) -> str:
-    """The cffi declarations of a module of `spec` (also the prototypes of its exported header)."""
-    return "".join(f"{text};\n" for text in signatures(spec).values())
+def cdef(spec: ConvSpec, ops=None) -> str:
+    """The cffi declarations of a module of `spec` carrying `ops` (default all: also the prototypes of
+    its exported header)."""
+    declarators = signatures(spec)
+    return "".join(f"{declarators[entry]};\n" for entry in module_entries(ops))
 
 
 def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
@@ -96,5 +121,5 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
                      PADDING_MODE_IDS[window.padding_mode])
 
 
-__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters",
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OPS", "QUERIES", "as_ops", "module_entries", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters",
            "signature", "signatures", "cdef", "size_arguments"]

@@ -1,10 +1,10 @@
-"""Render a spec's C source from the Jinja templates in templates/, and its cffi cdef from convgen.abi.
+"""Render a spec's C source from the Jinja templates in templates/, and its cffi cdef from convgen.codegen.abi.
 
 One render per module: templates/<family>/module.c.j2 includes the shared code of templates/common/
 and the family's own files. The same templates render both variants: a window value is written as
 a literal ("3") in the specialized build and as a field of the run-time geometry ("g->kh") in the
 generic one, and the loops over the kernel window are unrolled only where the window is known. The
-entry points' declarators and op ids come from convgen.abi, so the C, the cdef and the Python
+entry points' declarators and op ids come from convgen.codegen.abi, so the C, the cdef and the Python
 calls agree by construction.
 """
 
@@ -16,14 +16,15 @@ from pathlib import Path
 
 import jinja2
 
-from . import abi, depthwise, winograd
-from ._version import __version__
-from .schedule import Schedule
-from .spec import ConvSpec
+from . import abi, depthwise
+from ..planning import winograd
+from .._version import __version__
+from ..planning.schedule import Schedule
+from ..planning.spec import ConvSpec
 
 # The Jinja templates: convgen/templates in an installed wheel (pyproject.toml ships the source tree's
 # templates/ there as package data), else templates/ beside the package (a checkout, an editable install).
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # convgen/
 TEMPLATE_DIR = next((d for d in (_PACKAGE_DIR / "templates", _PACKAGE_DIR.parent / "templates") if d.is_dir()),
                     _PACKAGE_DIR / "templates")
 
@@ -38,13 +39,17 @@ _WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "P
 
 @dataclasses.dataclass(frozen=True)
 class Rendered:
-    """The C source of one kernel module, its cffi cdef, and its entry points' C symbols by entry name."""
+    """The C source of one kernel module, its cffi cdef, and its entry points' C symbols by entry name.
+
+    `ops` are the ops whose entry points it carries (`abi.OPS` order); the queries are always there.
+    """
 
     spec: ConvSpec
     schedule: Schedule
     source: str
     cdef: str
     symbols: dict
+    ops: tuple = abi.OPS
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,9 +76,10 @@ def _winograd_context(spec: ConvSpec) -> dict:
             "combine": winograd.linear_combination}
 
 
-def template_context(spec: ConvSpec, schedule: Schedule) -> dict:
+def template_context(spec: ConvSpec, schedule: Schedule, ops=None) -> dict:
     """Everything the templates see. Values reaching the C source are validated ints or fixed names."""
     context = {
+        "ops": abi.as_ops(ops),
         "version": __version__,
         "specialized": spec.specialized,
         "spec_text": str(spec),
@@ -148,12 +154,16 @@ def _tap_layout(window) -> tuple[list, list]:
     return [(base, plane, row) for (plane, row), base in bases.items()], taps
 
 
-def render(spec: ConvSpec, schedule: Schedule, templates=None) -> Rendered:
+def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None) -> Rendered:
     """Render the module source of `spec` under `schedule`, with its cdef and symbols.
 
-    `templates`: a directory laid out as templates/ (an edited copy, say) instead of convgen's own.
+    `ops`: the ops whose entry points the module carries ("fwd", "bwd_data", "bwd_weight"; default
+    all three, as `convgen show` and `export` want them); only their kernels are rendered, so a module
+    of one op compiles in a fraction of the time. `templates`: a directory laid out as templates/ (an
+    edited copy, say) instead of convgen's own.
     """
+    ops = abi.as_ops(ops)
     environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
-    source = environment.get_template(f"{spec.family}/module.c.j2").render(template_context(spec, schedule))
-    return Rendered(spec, schedule, source, abi.cdef(spec),
-                    {entry: spec.symbol(entry) for entry in abi.ENTRY_POINTS})
+    source = environment.get_template(f"{spec.family}/module.c.j2").render(template_context(spec, schedule, ops))
+    return Rendered(spec, schedule, source, abi.cdef(spec, ops),
+                    {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops)

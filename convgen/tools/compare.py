@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import planner
+from ..planning import planner
 from .baselines import numpy_conv2d, torch_module
-from .kernels import settings
-from .ops import conv2d
-from .resolve import conv_problem
-from .spec import Window
+from ..runtime.kernels import settings
+from ..frontend.ops import conv2d
+from ..frontend.resolve import conv_problem
+from ..planning.spec import Window
 from .timing import time_alternating
 
 

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import os
 
-from .toolchain import native_macros
 
 ISAS = ("avx512", "avx2", "portable")
 
@@ -37,7 +36,7 @@ class Schedule:
     max_unrolled_taps: int = 49
     arch_flags: tuple[str, ...] = ()
     # Winograd F(m×m, 3×3): the output tile m (the planner takes the largest tile up to this one whose
-    # measured error is within the bound of the dtype, see convgen/winograd.py), the most bytes its
+    # measured error is within the bound of the dtype, see convgen/planning/winograd.py), the most bytes its
     # transformed filters may take, and the smallest channel counts at which `algorithm="auto"` takes
     # it (below them the transforms cost more than the multiplies they save).
     winograd_tile: int = 4
@@ -66,7 +65,7 @@ class Schedule:
     # The NHWC depthwise forward pass streams its output past the caches (non-temporal stores) when
     # x and y together take more bytes than this; 0 (get_schedule): the machine's last-level cache.
     depthwise_stream_bytes: int = 0
-    # Pixel-row kernels (templates/direct/rows.c.j2; every NHWC op, NCHW forward and dx of small
+    # Pixel-row kernels (templates/direct/rows/; every NHWC op, NCHW forward and dx of small
     # images): rows (pixels, or channels in the weight gradient) of a tile 1, 2, ... vectors of
     # channels wide; each call takes the width that wastes the fewest lanes on its channel count. Rows
     # x vectors accumulators, the vectors of B and a broadcast fit the register file, and the rows'
@@ -149,9 +148,10 @@ def last_level_cache_bytes() -> int:
     return largest or 8 << 20
 
 
-def supported_isas(compiler: str) -> tuple[str, ...]:
-    """The instruction sets this machine (as the compiler sees it) can run, best first."""
-    macros = {line.split()[1] for line in native_macros(compiler)}  # "#define __AVX2__ 1" -> __AVX2__
+def supported_isas(native_macros) -> tuple[str, ...]:
+    """The instruction sets a machine can run, best first, from the `#define` lines its compiler
+    predefines under -march=native (`convgen.runtime.toolchain.native_macros`)."""
+    macros = {line.split()[1] for line in native_macros}  # "#define __AVX2__ 1" -> __AVX2__
     found = []
     if "__AVX512F__" in macros:
         found.append("avx512")
@@ -161,16 +161,17 @@ def supported_isas(compiler: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def get_schedule(compiler: str, isa: str | None = None, **overrides) -> Schedule:
-    """The schedule for `isa` (default: CONVGEN_ISA, else the best the machine supports).
+def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides) -> Schedule:
+    """The schedule for `isa` (default: CONVGEN_ISA, else the best of `supported`, the instruction
+    sets the machine runs as `supported_isas` lists them).
 
-    Any field can be overridden, e.g. get_schedule(cc, mr=6, kc=128).
+    Any field can be overridden, e.g. get_schedule(supported, mr=6, kc=128).
     """
-    isa = isa or os.environ.get("CONVGEN_ISA") or supported_isas(compiler)[0]
+    isa = isa or os.environ.get("CONVGEN_ISA") or supported[0]
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {ISAS}, got {isa!r}")
-    if isa not in supported_isas(compiler):
-        raise ValueError(f"isa {isa!r} is not supported by this machine ({compiler} -march=native)")
+    if isa not in supported:
+        raise ValueError(f"isa {isa!r} is not supported by this machine (it runs {', '.join(supported)})")
     fields = dict(_TABLE[isa], isa=isa)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(Schedule)}
     if unknown:

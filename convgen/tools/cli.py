@@ -3,7 +3,7 @@
 Every command reads a kernel spec in the compact window text of `Window.parse` ("k3s2p1",
 "k7s2p3d1", "k3x5s1p1x2", "k3s1p1reflect"), with --dtype and --layout beside it. The layout sets the rank: a 1-D
 (--layout NCL/NLC) or 3-D (NCDHW/NDHWC, or a window such as k3x3x3s1p1) spec names the 2-D kernel
-module that runs it (`convgen.ndspec`). Exit codes: 0 success, 1 failure,
+module that runs it (`convgen.planning.ndspec`). Exit codes: 0 success, 1 failure,
 2 usage error. Errors are one line on stderr ("convgen: error: ..."); --verbose adds the traceback.
 """
 
@@ -19,10 +19,10 @@ import time
 import traceback
 from pathlib import Path
 
-from ._version import __version__
-from .schedule import ISAS
-from .ndspec import LAYOUTS as LAYOUTS_BY_RANK, RANK_OF_LAYOUT, NdWindow, lowered_spec, window_rank
-from .spec import DTYPES, WINOGRAD_TILES, WINOGRAD_WINDOW_TEXT, ConvSpec, Window, winograd_computes
+from .._version import __version__
+from ..planning.schedule import ISAS
+from ..planning.ndspec import LAYOUTS as LAYOUTS_BY_RANK, RANK_OF_LAYOUT, NdWindow, lowered_spec, window_rank
+from ..planning.spec import DTYPES, WINOGRAD_TILES, WINOGRAD_WINDOW_TEXT, ConvSpec, Window, winograd_computes
 
 LAYOUTS = tuple(layout for rank in (2, 1, 3) for layout in LAYOUTS_BY_RANK[rank])
 
@@ -78,7 +78,7 @@ def _lowering_note(args) -> str:
     window = NdWindow.parse(args.spec, rank)
     planar = window.lower()[1].short()
     how = ("with a unit height axis" if rank == 1 else
-           "with the depth taps folded into the channels (convgen/depthfold.py)")
+           "with the depth taps folded into the channels (convgen/frontend/depthfold.py)")
     return (f"/* {window.short()} {layout}: a {rank}-D window runs on the 2-D kernels of {planar}, {how}; "
             f"this is that module. */\n")
 
@@ -152,15 +152,15 @@ def _spec_from_args(args) -> ConvSpec:
 
 
 def _schedule(isa: str | None):
-    from .kernels import settings
-    from .schedule import get_schedule
+    from ..runtime.kernels import settings
+    from ..planning.schedule import get_schedule
     active = settings()
-    return active.schedule() if isa is None else get_schedule(active.toolchain.compiler, isa)
+    return active.schedule() if isa is None else get_schedule(active.toolchain.supported_isas(), isa)
 
 
 # ------------------------------------------------------------------------------------------ build
 def cmd_build(args) -> int:
-    from .kernels import build_all
+    from ..runtime.kernels import build_all
     from .specfile import load_spec_file
     specs = load_spec_file(args.specfile)
     if not specs:
@@ -198,7 +198,7 @@ def cmd_build(args) -> int:
 # --------------------------------------------------------------------------------------- generate
 def cmd_generate(args) -> int:
     from .export import module_basename
-    from .render import render
+    from ..codegen.render import render
     from .specfile import load_spec_file
     specs = load_spec_file(args.specfile)
     schedule = _schedule(None)
@@ -213,7 +213,7 @@ def cmd_generate(args) -> int:
 # ------------------------------------------------------------------------------------------- show
 def _view(rendered, op: str | None) -> str:
     """The whole module, or the entry points of `op` with what they use."""
-    from .csource import extract
+    from ..codegen.csource import extract
     if op is None:
         return rendered.source
     part = extract(rendered.source, [rendered.symbols[entry] for entry in OP_ENTRIES[op]])
@@ -225,8 +225,8 @@ def _view(rendered, op: str | None) -> str:
 
 
 def cmd_show(args) -> int:
-    from .csource import unified_diff
-    from .render import render
+    from ..codegen.csource import unified_diff
+    from ..codegen.render import render
     spec = _spec_from_args(args)
     schedule = _schedule(args.isa)
     if not args.diff:
@@ -245,10 +245,10 @@ def cmd_show(args) -> int:
 # ----------------------------------------------------------------------------------------- export
 def cmd_export(args) -> int:
     from .export import compile_hint, export_module, module_basename
-    from .render import render
+    from ..codegen.render import render
     if RANK_OF_LAYOUT[_layout(args)] == 3:
         raise UsageError("export writes 2-D kernels, and a 3-D convolution folds its depth taps into the channels "
-                         "in Python (convgen/depthfold.py): export its height x width window with a 2-D layout")
+                         "in Python (convgen/frontend/depthfold.py): export its height x width window with a 2-D layout")
     rendered = render(_spec_from_args(args), _schedule(args.isa))
     c_path, h_path = export_module(rendered, args.output)
     print(f"wrote {c_path} and {h_path}")
@@ -274,22 +274,28 @@ def cmd_compare(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------ cache
-# A module's forward entry point, as cffi keeps its name in the binary (ConvSpec.symbol("fwd")).
-_FORWARD_SYMBOL = re.compile(rb"cg_conv2d_fwd_\w+")
+# A module's op entry point, as cffi keeps its name in the binary (ConvSpec.symbol(op)); a module per op.
+_ENTRY_SYMBOL = re.compile(rb"cg_conv2d_(fwd|bwd_data|bwd_weight)_\w+")
+_ENTRY_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
 
 
 def module_label(path: Path) -> str:
-    """Which spec a cached module holds, read from the C symbol names cffi keeps in the binary."""
+    """Which spec a cached module holds, read from the C symbol names cffi keeps in the binary, and
+    which op when it carries one alone (`convgen build` makes modules of every op; a first call, of its op)."""
     try:
         data = path.read_bytes()
     except OSError:
         return "?"
-    for found in _FORWARD_SYMBOL.finditer(data):
+    spec, ops = None, set()
+    for found in _ENTRY_SYMBOL.finditer(data):
         try:
-            return _label(ConvSpec.from_symbol(found.group().decode()))
+            spec = spec or ConvSpec.from_symbol(found.group().decode())
         except ValueError:
             continue
-    return "?"
+        ops.add(found.group(1).decode())
+    if spec is None:
+        return "?"
+    return _label(spec) if len(ops) == len(_ENTRY_TITLES) else f"{_label(spec)} {_ENTRY_TITLES[ops.pop()]}"
 
 
 def _size(n: int) -> str:
@@ -297,7 +303,7 @@ def _size(n: int) -> str:
 
 
 def cmd_cache(args) -> int:
-    from .cache import cache_clear, cache_info, list_modules
+    from ..runtime.cache import cache_clear, cache_info, list_modules
     info = cache_info()
     if args.action == "info":
         print(f"directory: {info['dir']}{'' if Path(info['dir']).is_dir() else ' (not created yet)'}")
@@ -410,7 +416,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """An exception as one readable line; a compiler failure keeps its first error line."""
-    from .build import BuildError
+    from ..runtime.build import BuildError
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__

@@ -162,6 +162,17 @@ def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
+def load_if_cached(key: str):
+    """The module for `key` if the cache holds a sound copy of it, else None: never builds and never
+    waits (a missing, damaged or foreign copy is left for load_or_build to replace)."""
+    directory = checked_cache_dir()
+    name = module_name(key)
+    try:
+        return _try_load(name, directory / f"{name}{extension_suffix()}", directory / f"{name}.sha256")
+    except ImportError:
+        return None
+
+
 def load_or_build(key: str, build: Callable[[str, Path], Path]):
     """Import the module for `key`, building it first (once, across processes) if needed.
 

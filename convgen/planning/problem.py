@@ -1,6 +1,6 @@
 """`Problem`: the resolved geometry of one convolution call, as a named, frozen record.
 
-A problem is what the parameter resolver (`convgen.resolve`) makes of a call's arrays and
+A problem is what the parameter resolver (`convgen.frontend.resolve`) makes of a call's arrays and
 arguments, and what the planner and the kernels read: sizes, window, groups, layout and dtype.
 A transposed convolution is the input gradient of the convolution with its input and output
 exchanged; `Problem.transposed()` is that exchange, and `Problem.conv()` is the convolution the

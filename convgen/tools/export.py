@@ -1,7 +1,7 @@
 """Standalone C: a kernel module as a .c/.h pair that any C compiler builds, without Python or cffi.
 
 The rendered module is plain C already (templates/<family>/module.c.j2); the export adds a header
-that carries its prototypes (convgen.abi's declarators, the same text as the cffi cdef) with what a
+that carries its prototypes (convgen.codegen.abi's declarators, the same text as the cffi cdef) with what a
 C caller needs to know: the array shapes in the spec's layout, what each size means, the
 output-size formula with this spec's numbers, the op ids of the queries, the thread count and the
 return codes.
@@ -14,11 +14,11 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from . import abi
-from ._version import __version__
-from .build import DEFAULT_CFLAGS
-from .render import Rendered
-from .spec import ConvSpec
+from ..codegen import abi
+from .._version import __version__
+from ..runtime.build import DEFAULT_CFLAGS
+from ..codegen.render import Rendered
+from ..planning.spec import ConvSpec
 
 # The shapes of the arrays, per layout; sizes as named in the C signatures.
 _SHAPES = {
@@ -66,7 +66,7 @@ is too small to share, 1 when built without OpenMP;
   op: {ops}.""",
 }
 
-# What each op id of the queries names, for their documentation (the ids come from convgen.abi).
+# What each op id of the queries names, for their documentation (the ids come from convgen.codegen.abi).
 _OP_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
 
 
@@ -129,7 +129,7 @@ def _comment(text: str, indent: str = "") -> str:
 
 
 def header_text(rendered: Rendered) -> str:
-    """The .h of an exported module: every entry point's prototype (convgen.abi's declarator) with its documentation."""
+    """The .h of an exported module: every entry point's prototype (convgen.codegen.abi's declarator) with its documentation."""
     spec = rendered.spec
     name = module_basename(spec)
     guard = re.sub(r"\W", "_", name).upper() + "_H"

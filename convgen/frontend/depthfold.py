@@ -33,7 +33,7 @@ import dataclasses
 
 import numpy as np
 
-from .ndspec import DepthWindow
+from ..planning.ndspec import DepthWindow
 
 
 def source_index(s: int, size: int, mode: str) -> int | None:

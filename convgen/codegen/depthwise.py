@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .spec import Window
+from ..planning.spec import Window
 
 
 @dataclasses.dataclass(frozen=True)

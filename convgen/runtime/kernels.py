@@ -1,0 +1,310 @@
+"""Compiled kernels by spec: render → build → cache → load, the settings they are built with, and
+the one way to call them.
+
+`get_kernels(spec)` is the one place that turns a spec into callable C. Its `Kernels` load on an op's
+first call the module that carries it: the module of every op if the cache holds one (`build_all`
+makes them), else a module of that op alone, rendered with only its kernels under the active
+schedule and toolchain. Every module is keyed in the cache on all of that, and stays loaded for the
+life of the process (or until `reset()`). `Kernels.call(entry, problem, arrays)` calls an entry
+point with the arguments `convgen.codegen.abi` declares for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import contextlib
+import dataclasses
+import os
+import platform
+import threading
+
+from ..codegen import abi
+from .._version import __version__
+from .build import Toolchain, build_module, default_toolchain, python_abi
+from .cache import load_if_cached, load_or_build, module_key
+from ..planning.problem import Problem
+from ..codegen.render import Rendered, render
+from ..planning.schedule import Schedule, get_schedule
+from ..planning.spec import ConvSpec, cached_hash, state_without_hash
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every kernel is built with: the toolchain, the ISA, any schedule overrides and the
+    template directory (None: convgen's own).
+
+    It keys the loaded modules and the ops' call plans, so its hash is computed once.
+    """
+
+    toolchain: Toolchain
+    isa: str | None = None
+    schedule_overrides: tuple = ()
+    templates: str | None = None
+
+    __hash__ = cached_hash
+    __getstate__ = state_without_hash
+
+    def schedule(self) -> Schedule:
+        return get_schedule(self.toolchain.supported_isas(), self.isa, **dict(self.schedule_overrides))
+
+
+class Kernels:
+    """The C entry points of one spec under one set of settings, loaded as they are first needed.
+
+    An op's first call loads the module that carries it: a module of every op when the cache holds
+    one (`build_all` and `convgen build` make those: one compile per spec), else the op's own module,
+    built now if need be, so a forward pass never waits for the compile of its gradients.
+    """
+
+    def __init__(self, spec: ConvSpec, active: Settings):
+        self.spec = spec
+        self.settings = active
+        self._modules: dict = {}    # op -> (loaded module, its Rendered)
+        self._entries: dict = {}    # entry -> (C function, its module's ffi.from_buffer and NULL), as modules load
+        self._queries: dict = {}    # op -> {query: C function}
+        self._whole_looked_up = False
+        self._c_array = spec.c_type + "[]"
+        self._arguments: dict = {}  # id(problem) -> (problem, its size arguments), computed once per problem
+
+    def _render(self, ops=None) -> Rendered:
+        return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops)
+
+    def _register(self, module, rendered: Rendered) -> None:
+        """Take the entry points of `module` for every op it carries that none loaded before."""
+        with _lock:
+            for op in rendered.ops:
+                if op in self._modules:
+                    continue
+                lib = module.lib
+                self._queries[op] = {query: getattr(lib, rendered.symbols[query]) for query in abi.QUERIES}
+                self._entries[op] = (getattr(lib, rendered.symbols[op]), module.ffi.from_buffer, module.ffi.NULL)
+                self._modules[op] = (module, rendered)
+
+    def _build(self, rendered: Rendered) -> bool:
+        """Load the module of `rendered`, compiling it if the cache lacks it; True if compiled now. The
+        compile runs outside the process-wide lock, so different modules build in parallel; the
+        cache's file lock makes concurrent requests for the same module compile it once."""
+        toolchain = self.settings.toolchain
+        module, built = load_or_build(cache_key(rendered, toolchain),
+                                      lambda name, build_dir: build_module(name, rendered, toolchain, build_dir))
+        self._register(module, rendered)
+        return built
+
+    def load(self, op: str) -> bool:
+        """Load the module that carries `op`: every op's when the cache holds it, else the op's own
+        (building it if need be). True if a module was compiled now."""
+        if op in self._modules or self._take_whole_if_cached():
+            return False
+        return self._build(self._render(ops=(op,)))
+
+    def _take_whole_if_cached(self) -> bool:
+        """Load the module of every op if the cache holds it (looked up once); True if it did."""
+        if self._whole_looked_up:
+            return False
+        self._whole_looked_up = True
+        whole = self._render()
+        module = load_if_cached(cache_key(whole, self.settings.toolchain))
+        if module is not None:
+            self._register(module, whole)
+        return module is not None
+
+    def load_whole(self) -> bool:
+        """Load the module of every op, building it if the cache lacks it (what `build_all` does ahead
+        of time); True if it was compiled now. Ops loaded before keep their own modules."""
+        if all(op in self._modules for op in abi.OPS):
+            return False
+        self._whole_looked_up = True
+        return self._build(self._render())
+
+    def prepare(self, ops) -> None:
+        """Load the modules of `ops` now, compiling those the cache lacks side by side (the first
+        backward pass of a window needs two)."""
+        self._take_whole_if_cached()
+        missing = [op for op in abi.as_ops(ops) if op not in self._modules]
+        if len(missing) > 1:
+            with concurrent.futures.ThreadPoolExecutor(len(missing)) as pool:
+                list(pool.map(self.load, missing))
+        elif missing:
+            self.load(missing[0])
+
+    def module(self, op: str):
+        """The loaded cffi module of `op` (its `lib` and `ffi`), loading it first: for callers that
+        call the C functions themselves (the overhead benchmark)."""
+        self.load(op)
+        return self._modules[op][0]
+
+    def rendered(self, op: str = "fwd") -> Rendered:
+        """The rendered source of `op`'s module, as built (loading it first)."""
+        self.load(op)
+        return self._modules[op][1]
+
+    def _sizes(self, problem: Problem) -> tuple:
+        # Keyed by identity, which costs no hashing on every call; the entry holds the problem, so its
+        # id cannot be reused by another object while the entry exists.
+        found = self._arguments.get(id(problem))
+        if found is None or found[0] is not problem:
+            if len(self._arguments) >= 1024:
+                self._arguments.clear()
+            found = self._arguments[id(problem)] = (problem, abi.size_arguments(problem, self.spec.specialized))
+        return found[1]
+
+    def call(self, entry: str, problem: Problem, arrays, nthreads: int | None = None) -> None:
+        """Run entry point `entry` ("fwd", "bwd_data" or "bwd_weight") of `problem` on `arrays`.
+
+        `arrays` are the entry's array arguments in `abi.ENTRY_POINTS` order, C-contiguous and of
+        the spec's dtype (None for a NULL bias); the kernels trust them, so check them first
+        (`convgen.frontend.resolve`). A transposed problem runs as its `conv()`. MemoryError if the
+        kernel could not allocate its workspace.
+        """
+        found = self._entries.get(entry)
+        if found is None:
+            self.load(entry)
+            found = self._entries[entry]
+        function, from_buffer, null = found
+        c_array = self._c_array
+        pointers = [null if a is None else from_buffer(c_array, a, False) for a in arrays]
+        status = function(*pointers, *self._sizes(problem), nthreads or num_threads())
+        if status != 0:
+            raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
+
+    def _query(self, query: str, entry: str, problem: Problem, nthreads: int | None) -> int:
+        self.load(entry)
+        return int(self._queries[entry][query](abi.OP_IDS[entry], *self._sizes(problem), nthreads or num_threads()))
+
+    def workspace_bytes(self, entry: str, problem: Problem, nthreads: int | None = None) -> int:
+        """Bytes of workspace entry point `entry` allocates for `problem`."""
+        return self._query("workspace", entry, problem, nthreads)
+
+    def threads(self, entry: str, problem: Problem, nthreads: int | None = None) -> int:
+        """Threads entry point `entry` runs on for `problem` (at most nthreads, default `num_threads()`)."""
+        return self._query("threads", entry, problem, nthreads)
+
+
+_lock = threading.Lock()
+_default_settings: Settings | None = None  # from the environment, made on first use
+_configured: list = []                     # the settings of the configure() blocks being run, innermost last
+_loaded: dict = {}
+_num_threads: int | None = None
+
+
+def settings() -> Settings:
+    """The settings kernels are built and loaded with now: the innermost configure() block's, else
+    the defaults read from the environment (CC, CONVGEN_CFLAGS, CONVGEN_ISA)."""
+    global _default_settings
+    if _configured:
+        return _configured[-1]
+    if _default_settings is None:
+        _default_settings = Settings(default_toolchain())
+    return _default_settings
+
+
+@contextlib.contextmanager
+def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, templates=None,
+              **schedule_overrides):
+    """Build and use kernels with another ISA, compiler flags, schedule or templates inside a `with` block.
+
+    `templates` is a directory laid out as convgen's templates/ (e.g. an edited copy of it); the
+    cache keys on the rendered source, so an edit always builds new modules.
+
+    >>> with configure(isa="avx2"):            # doctest: +SKIP
+    ...     y = conv2d(x, w)                   # the AVX2 kernels, built on first use
+    """
+    previous = settings()
+    toolchain = previous.toolchain if cflags is None else dataclasses.replace(previous.toolchain, cflags=tuple(cflags))
+    if templates is not None and not os.path.isdir(templates):
+        raise ValueError(f"templates must be a directory of convgen templates, got {templates!r}")
+    candidate = Settings(toolchain, isa, tuple(sorted(schedule_overrides.items())),
+                         None if templates is None else os.path.abspath(templates))
+    candidate.schedule()  # validate before switching
+    _configured.append(candidate)
+    try:
+        yield candidate
+    finally:
+        _configured.remove(candidate)
+
+
+def num_threads() -> int:
+    """Threads per kernel call: CONVGEN_NUM_THREADS, else every core this process may use."""
+    global _num_threads
+    if _num_threads is None:
+        value = os.environ.get("CONVGEN_NUM_THREADS")
+        if value:
+            try:
+                _num_threads = int(value)
+            except ValueError:
+                raise ValueError(f"CONVGEN_NUM_THREADS must be a positive integer, got {value!r}") from None
+            if _num_threads < 1:
+                raise ValueError(f"CONVGEN_NUM_THREADS must be a positive integer, got {value!r}")
+        else:
+            _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return _num_threads
+
+
+def reset() -> None:
+    """Forget every loaded module and the default settings, as a new process would.
+
+    Later calls load their kernels again (from the disk cache, or building them); the defaults are
+    read afresh from the environment (CC, CONVGEN_CFLAGS, CONVGEN_ISA), and a configure() block
+    being run stays in force. For tests and for programs that clear or move the cache.
+    """
+    global _default_settings
+    with _lock:
+        _loaded.clear()
+        _default_settings = None
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of threads each kernel call uses."""
+    global _num_threads
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_threads must be a positive int, got {n!r}")
+    _num_threads = n
+
+
+def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
+    return module_key(rendered.source, rendered.cdef, toolchain.compiler, toolchain.version,
+                      " ".join(toolchain.cflags), repr(rendered.schedule), __version__, python_abi(),
+                      platform.machine())
+
+
+def get_kernels(spec: ConvSpec) -> Kernels:
+    """The kernels of `spec` under the active settings; each op's module is built on its first call
+    (or ahead of time by `build_all`)."""
+    active = settings()
+    found = _loaded.get((spec, active))
+    if found is not None:
+        return found
+    with _lock:
+        return _loaded.setdefault((spec, active), Kernels(spec, active))
+
+
+def build_all(specs, jobs: int | None = None, on_done=None, ops=None) -> dict:
+    """Build (or load from the cache) the kernels of every spec, `jobs` compiles at a time.
+
+    By default each spec is one module of every op, compiled once (what a program about to use
+    every op of a spec wants); `ops` ("fwd", "bwd_data", "bwd_weight") builds those ops' own modules
+    instead. Returns {spec: "built" | "cached" | exception}: "built" if any of its modules was compiled
+    now, the first exception if one failed. on_done(spec, outcome) is called as each spec is done.
+    """
+    specs = list(dict.fromkeys(specs))
+    loaded = {spec: get_kernels(spec) for spec in specs}
+    jobs_of = {spec: [loaded[spec].load_whole] if ops is None else
+               [functools.partial(loaded[spec].load, op) for op in abi.as_ops(ops)] for spec in specs}
+    remaining = {spec: len(jobs_of[spec]) for spec in specs}
+    outcomes: dict = {}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or num_threads()) as pool:
+        futures = {pool.submit(job): spec for spec in specs for job in jobs_of[spec]}
+        for future in concurrent.futures.as_completed(futures):
+            spec = futures[future]
+            try:
+                outcome = "built" if future.result() else "cached"
+            except Exception as exc:  # reported per spec; the caller decides what a failure means
+                outcome = exc
+            previous = outcomes.get(spec, "cached")
+            outcomes[spec] = previous if isinstance(previous, Exception) or outcome == "cached" else outcome
+            remaining[spec] -= 1
+            if remaining[spec] == 0 and on_done is not None:
+                on_done(spec, outcomes[spec])
+    return outcomes
