@@ -1,6 +1,6 @@
 """examples/torch_interop.py in its --quick form: it converts the network, finds that the converted
 network agrees with PyTorch, and prints a row per dtype, memory format and pass; every kernel it
-runs is one `make` builds ahead of time (kernels.toml); docs/torch.md shows the same table."""
+runs is one `make` builds ahead of time (kernels.toml); bench/results/torch_interop.md records a run of it."""
 
 import importlib.util
 import io
@@ -52,8 +52,8 @@ def test_torch_interop_quick(monkeypatch):
         assert row["pytorch"] > 0 and row["convgen"] > 0
     assert re.search(r"float32 \S+ \(within 1e-04: yes\), float64 \S+ \(within 1e-10: yes\)\n", text)
 
-    readme = (ROOT / "docs" / "torch.md").read_text()
-    shown = re.search(r"^```text\n\$ \.venv/bin/python examples/torch_interop\.py[^\n]*\n(.*?)^```$", readme,
+    recorded = (ROOT / "bench" / "results" / "torch_interop.md").read_text()
+    shown = re.search(r"^```text\n\$ \.venv/bin/python examples/torch_interop\.py[^\n]*\n(.*?)^```$", recorded,
                       re.MULTILINE | re.DOTALL)
-    assert shown, "docs/torch.md shows the example's output in a ```text block opened by its command line"
-    assert _table(shown.group(1)) == (header, table), "docs/torch.md's table is not what the example prints"
+    assert shown, "bench/results/torch_interop.md holds the output in a ```text block opened by its command line"
+    assert _table(shown.group(1)) == (header, table), "the recorded table is not what the example prints"
