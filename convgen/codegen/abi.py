@@ -56,6 +56,8 @@ ENTRY_POINTS = {
 
 # The op ids of the queries: which kernel a workspace or thread-count question is about.
 OP_IDS = {"fwd": 0, "bwd_data": 1, "bwd_weight": 2}
+# What each op computes, in words (an exported header's documentation, `convgen cache list`).
+OP_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
 # The ops, each with its own entry point. A module carries one or more of them (the runtime builds one
 # module per op, so a call compiles only what it runs; an export carries all three), and always the
 # queries, which answer for every op.
@@ -121,5 +123,6 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
                      PADDING_MODE_IDS[window.padding_mode])
 
 
-__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OPS", "QUERIES", "as_ops", "module_entries", "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters",
-           "signature", "signatures", "cdef", "size_arguments"]
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "as_ops", "module_entries",
+           "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature", "signatures", "cdef",
+           "size_arguments"]

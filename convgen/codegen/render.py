@@ -110,6 +110,8 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None) -> dict:
         "ROWS_MIN_WORK": int(schedule.pixel_rows_min_work),
         "ROWS_DX_VECTOR_SHARE": int(schedule.pixel_rows_dx_vector_share),
         "ROWS_NCHW_MAX_PIXELS": int(schedule.pixel_rows_nchw_max_pixels),
+        # The pixel rows of every op (direct modules); Winograd modules take the weight gradient's only.
+        "rows_all_ops": spec.family == "direct",
     }
     if spec.specialized:
         w = spec.window

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from .._version import __version__
+from ..codegen import abi
 from ..planning.schedule import ISAS
 from ..planning.ndspec import LAYOUTS as LAYOUTS_BY_RANK, RANK_OF_LAYOUT, NdWindow, lowered_spec, window_rank
 from ..planning.spec import DTYPES, WINOGRAD_TILES, WINOGRAD_WINDOW_TEXT, ConvSpec, Window, winograd_computes
@@ -248,7 +249,8 @@ def cmd_export(args) -> int:
     from ..codegen.render import render
     if RANK_OF_LAYOUT[_layout(args)] == 3:
         raise UsageError("export writes 2-D kernels, and a 3-D convolution folds its depth taps into the channels "
-                         "in Python (convgen/frontend/depthfold.py): export its height x width window with a 2-D layout")
+                         "in Python (convgen/frontend/depthfold.py): export its height x width window with a 2-D "
+                         "layout")
     rendered = render(_spec_from_args(args), _schedule(args.isa))
     c_path, h_path = export_module(rendered, args.output)
     print(f"wrote {c_path} and {h_path}")
@@ -276,7 +278,6 @@ def cmd_compare(args) -> int:
 # ------------------------------------------------------------------------------------------ cache
 # A module's op entry point, as cffi keeps its name in the binary (ConvSpec.symbol(op)); a module per op.
 _ENTRY_SYMBOL = re.compile(rb"cg_conv2d_(fwd|bwd_data|bwd_weight)_\w+")
-_ENTRY_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
 
 
 def module_label(path: Path) -> str:
@@ -295,7 +296,7 @@ def module_label(path: Path) -> str:
         ops.add(found.group(1).decode())
     if spec is None:
         return "?"
-    return _label(spec) if len(ops) == len(_ENTRY_TITLES) else f"{_label(spec)} {_ENTRY_TITLES[ops.pop()]}"
+    return _label(spec) if len(ops) == len(abi.OPS) else f"{_label(spec)} {abi.OP_TITLES[ops.pop()]}"
 
 
 def _size(n: int) -> str:

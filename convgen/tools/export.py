@@ -66,14 +66,10 @@ is too small to share, 1 when built without OpenMP;
   op: {ops}.""",
 }
 
-# What each op id of the queries names, for their documentation (the ids come from convgen.codegen.abi).
-_OP_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
-
-
 def _op_ids_doc() -> str:
     """The op ids of the queries as documented in the header, e.g. "0 forward, 1 input gradient, ..."."""
     by_number = sorted(abi.OP_IDS.items(), key=lambda item: item[1])
-    return ", ".join(f"{number} {_OP_TITLES[entry]}" for entry, number in by_number)
+    return ", ".join(f"{number} {abi.OP_TITLES[entry]}" for entry, number in by_number)
 
 
 def module_basename(spec: ConvSpec) -> str:
@@ -129,7 +125,8 @@ def _comment(text: str, indent: str = "") -> str:
 
 
 def header_text(rendered: Rendered) -> str:
-    """The .h of an exported module: every entry point's prototype (convgen.codegen.abi's declarator) with its documentation."""
+    """The .h of an exported module: every entry point's prototype (convgen.codegen.abi's declarator)
+    with its documentation."""
     spec = rendered.spec
     name = module_basename(spec)
     guard = re.sub(r"\W", "_", name).upper() + "_H"
