@@ -31,8 +31,9 @@ compare: build
 	$(CONVGEN) compare k7s2p3 --shape 8,3,224,224,64 --repeat 5
 	$(CONVGEN) compare k3s1p1 --shape 1,32,32,32,32 --repeat 5
 
-# One pytest-xdist worker per core: the tests compile their kernels on first use, a module per op, the
-# workers side by side (a module one worker is compiling, the other waits for and loads).
+# One pytest-xdist worker per core: the tests compile their kernels up front or on first use, a module
+# of every op per window, the workers side by side (a module one worker is compiling, the other waits
+# for and loads).
 TEST_WORKERS ?= auto
 test: $(INSTALLED)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests

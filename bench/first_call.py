@@ -61,7 +61,8 @@ print(json.dumps({"once": once, "forward": forward, "backward": backward}))
 def first_calls(text: str, layout: str, algorithm: str) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         os.chmod(cache, 0o700)
-        env = dict(os.environ, CONVGEN_CACHE_DIR=cache)
+        # the default a user has: a module per op (CONVGEN_MODULES=whole would build all three at once)
+        env = dict(os.environ, CONVGEN_CACHE_DIR=cache, CONVGEN_MODULES="per-op")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         proc = subprocess.run([sys.executable, "-c", CHILD, text, layout, algorithm], capture_output=True, text=True,
                               env=env, timeout=600, check=True)

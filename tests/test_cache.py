@@ -468,12 +468,15 @@ def test_configured_sanitizer_build_needs_the_runtime_too(private_cache):
     assert not list(private_cache.glob(f"*{build.extension_suffix()}"))
 
 
-def test_a_call_compiles_only_the_modules_of_its_op(private_cache):
+def test_a_call_compiles_only_the_modules_of_its_op(private_cache, monkeypatch):
     """A forward call builds the forward module alone; the first backward call adds its two, and a
     transposed call after them builds nothing (it runs the input gradient's module)."""
+    monkeypatch.delenv("CONVGEN_MODULES", raising=False)  # the default, as a user has it
+    kernels.reset()
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
     modules = lambda: sorted(private_cache.glob(f"*{build.extension_suffix()}"))  # noqa: E731
+    assert kernels.settings().modules == "per-op"
     y = convgen.conv2d(x, w)
     assert len(modules()) == 1
     dx, dw, _ = convgen.conv2d_backward(np.ones_like(y), x, w)
@@ -499,6 +502,38 @@ def test_a_module_of_every_op_serves_every_op(private_cache):
         {("fwd", "bwd_data", "bwd_weight")}
 
 
+def test_whole_modules_compile_every_op_on_the_first_call(private_cache, monkeypatch):
+    """CONVGEN_MODULES=whole (or configure(modules="whole")): an op's first call compiles the module of
+    every op, and the other ops' calls compile nothing more."""
+    monkeypatch.setenv("CONVGEN_MODULES", "whole")
+    kernels.reset()
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
+    y = convgen.conv2d(x, w)
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 1
+    dx, dw, _ = convgen.conv2d_backward(np.ones_like(y), x, w)
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 1
+    np.testing.assert_allclose(dw, reference.conv2d_backward(np.ones_like(y), x, w)[1], rtol=1e-12)
+    assert kernels.get_kernels(SPEC).rendered("bwd_data").ops == ("fwd", "bwd_data", "bwd_weight")
+    with convgen.configure(modules="per-op"):  # a block can ask for the default back
+        convgen.conv2d(x[:, :, :3], w, padding=1)
+    assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
+
+
+@pytest.mark.parametrize("where", ["environment", "configure"])
+def test_unknown_module_policy_is_refused(private_cache, monkeypatch, where):
+    if where == "environment":
+        monkeypatch.setenv("CONVGEN_MODULES", "some")
+        kernels.reset()
+        with pytest.raises(ValueError, match="CONVGEN_MODULES must be one of"):
+            convgen.conv2d(np.ones((1, 1, 3, 3)), np.ones((1, 1, 3, 3)))
+    else:
+        with pytest.raises(ValueError, match="modules must be one of"):
+            with convgen.configure(modules="some"):
+                pass
+    assert not list(private_cache.glob(f"*{build.extension_suffix()}"))
+
+
 @pytest.mark.parametrize("family, layout", [("direct", "NCHW"), ("direct", "NHWC"), ("winograd", "NCHW"),
                                             ("winograd", "NHWC"), ("depthwise", "NCHW"), ("depthwise", "NHWC")])
 def test_modules_of_one_op_compute_every_op(private_cache, family, layout):
@@ -512,10 +547,11 @@ def test_modules_of_one_op_compute_every_op(private_cache, family, layout):
     w = rng.standard_normal((8, 8 // groups, 3, 3))
     kw = dict(padding=1, groups=groups, layout=layout, algorithm=family)
     xl, wl = to_layout(x, w, layout)
-    y = convgen.conv2d(xl, wl, **kw)
-    dy = rng.standard_normal(y.shape)
-    dx, dw, _ = convgen.conv2d_backward(dy, xl, wl, **kw)
     ref = dict(padding=1, groups=groups, layout=layout)
+    with convgen.configure(modules="per-op"):
+        y = convgen.conv2d(xl, wl, **kw)
+        dy = rng.standard_normal(y.shape)
+        dx, dw, _ = convgen.conv2d_backward(dy, xl, wl, **kw)
     np.testing.assert_allclose(y, reference.conv2d(xl, wl, **ref), rtol=1e-9, atol=1e-9)
     for got, want in zip((dx, dw), reference.conv2d_backward(dy, xl, wl, **ref)):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)

@@ -29,10 +29,23 @@ from ..planning.schedule import Schedule, get_schedule
 from ..planning.spec import ConvSpec, cached_hash, state_without_hash
 
 
+# What an op's first call compiles when the cache has nothing for it: "per-op", a module of that op
+# alone (the shortest wait for a first call); "whole", one module of every op of the spec (the fewest
+# compile seconds for a program that will call them all, as training does: one compile instead of three).
+MODULES = ("per-op", "whole")
+
+
+def check_modules(modules, name: str = "modules") -> str:
+    if modules not in MODULES:
+        raise ValueError(f"{name} must be one of {MODULES}, got {modules!r}")
+    return modules
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What every kernel is built with: the toolchain, the ISA, any schedule overrides and the
-    template directory (None: convgen's own).
+    template directory (None: convgen's own); and which module an op's first call builds
+    (`modules`, one of MODULES).
 
     It keys the loaded modules and the ops' call plans, so its hash is computed once.
     """
@@ -41,6 +54,7 @@ class Settings:
     isa: str | None = None
     schedule_overrides: tuple = ()
     templates: str | None = None
+    modules: str = "per-op"
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -54,7 +68,8 @@ class Kernels:
 
     An op's first call loads the module that carries it: a module of every op when the cache holds
     one (`build_all` and `convgen build` make those: one compile per spec), else the op's own module,
-    built now if need be, so a forward pass never waits for the compile of its gradients.
+    built now if need be, so a forward pass never waits for the compile of its gradients (under
+    modules="whole" it builds the module of every op instead: one compile for all three ops).
     """
 
     def __init__(self, spec: ConvSpec, active: Settings):
@@ -64,11 +79,17 @@ class Kernels:
         self._entries: dict = {}    # entry -> (C function, its module's ffi.from_buffer and NULL), as modules load
         self._queries: dict = {}    # op -> {query: C function}
         self._whole_looked_up = False
+        self._whole: Rendered | None = None  # the module of every op, rendered once
         self._c_array = spec.c_type + "[]"
         self._arguments: dict = {}  # id(problem) -> (problem, its size arguments), computed once per problem
 
     def _render(self, ops=None) -> Rendered:
         return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops)
+
+    def _render_whole(self) -> Rendered:
+        if self._whole is None:
+            self._whole = self._render()
+        return self._whole
 
     def _register(self, module, rendered: Rendered) -> None:
         """Take the entry points of `module` for every op it carries that none loaded before."""
@@ -91,11 +112,14 @@ class Kernels:
         self._register(module, rendered)
         return built
 
-    def load(self, op: str) -> bool:
-        """Load the module that carries `op`: every op's when the cache holds it, else the op's own
-        (building it if need be). True if a module was compiled now."""
+    def load(self, op: str, whole: bool | None = None) -> bool:
+        """Load the module that carries `op`: every op's when the cache holds it, else build one, of
+        every op if `whole` (default: the settings' modules == "whole"), else of `op` alone. True if a
+        module was compiled now."""
         if op in self._modules or self._take_whole_if_cached():
             return False
+        if self.settings.modules == "whole" if whole is None else whole:
+            return self.load_whole()
         return self._build(self._render(ops=(op,)))
 
     def _take_whole_if_cached(self) -> bool:
@@ -103,7 +127,7 @@ class Kernels:
         if self._whole_looked_up:
             return False
         self._whole_looked_up = True
-        whole = self._render()
+        whole = self._render_whole()
         module = load_if_cached(cache_key(whole, self.settings.toolchain))
         if module is not None:
             self._register(module, whole)
@@ -115,14 +139,14 @@ class Kernels:
         if all(op in self._modules for op in abi.OPS):
             return False
         self._whole_looked_up = True
-        return self._build(self._render())
+        return self._build(self._render_whole())
 
     def prepare(self, ops) -> None:
         """Load the modules of `ops` now, compiling those the cache lacks side by side (the first
         backward pass of a window needs two)."""
         self._take_whole_if_cached()
         missing = [op for op in abi.as_ops(ops) if op not in self._modules]
-        if len(missing) > 1:
+        if len(missing) > 1 and self.settings.modules == "per-op":
             with concurrent.futures.ThreadPoolExecutor(len(missing)) as pool:
                 list(pool.map(self.load, missing))
         elif missing:
@@ -190,22 +214,24 @@ _num_threads: int | None = None
 
 def settings() -> Settings:
     """The settings kernels are built and loaded with now: the innermost configure() block's, else
-    the defaults read from the environment (CC, CONVGEN_CFLAGS, CONVGEN_ISA)."""
+    the defaults read from the environment (CC, CONVGEN_CFLAGS, CONVGEN_ISA, CONVGEN_MODULES)."""
     global _default_settings
     if _configured:
         return _configured[-1]
     if _default_settings is None:
-        _default_settings = Settings(default_toolchain())
+        modules = check_modules(os.environ.get("CONVGEN_MODULES") or "per-op", "CONVGEN_MODULES")
+        _default_settings = Settings(default_toolchain(), modules=modules)
     return _default_settings
 
 
 @contextlib.contextmanager
 def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, templates=None,
-              **schedule_overrides):
+              modules: str | None = None, **schedule_overrides):
     """Build and use kernels with another ISA, compiler flags, schedule or templates inside a `with` block.
 
     `templates` is a directory laid out as convgen's templates/ (e.g. an edited copy of it); the
-    cache keys on the rendered source, so an edit always builds new modules.
+    cache keys on the rendered source, so an edit always builds new modules. `modules` is what an
+    op's first call compiles: "per-op" (its own module) or "whole" (one module of every op).
 
     >>> with configure(isa="avx2"):            # doctest: +SKIP
     ...     y = conv2d(x, w)                   # the AVX2 kernels, built on first use
@@ -215,7 +241,8 @@ def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, 
     if templates is not None and not os.path.isdir(templates):
         raise ValueError(f"templates must be a directory of convgen templates, got {templates!r}")
     candidate = Settings(toolchain, isa, tuple(sorted(schedule_overrides.items())),
-                         None if templates is None else os.path.abspath(templates))
+                         None if templates is None else os.path.abspath(templates),
+                         previous.modules if modules is None else check_modules(modules))
     candidate.schedule()  # validate before switching
     _configured.append(candidate)
     try:
@@ -290,7 +317,7 @@ def build_all(specs, jobs: int | None = None, on_done=None, ops=None) -> dict:
     specs = list(dict.fromkeys(specs))
     loaded = {spec: get_kernels(spec) for spec in specs}
     jobs_of = {spec: [loaded[spec].load_whole] if ops is None else
-               [functools.partial(loaded[spec].load, op) for op in abi.as_ops(ops)] for spec in specs}
+               [functools.partial(loaded[spec].load, op, whole=False) for op in abi.as_ops(ops)] for spec in specs}
     remaining = {spec: len(jobs_of[spec]) for spec in specs}
     outcomes: dict = {}
 
