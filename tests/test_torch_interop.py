@@ -20,6 +20,7 @@ import torch
 import convgen
 import convgen.torch as cgt
 from convgen import reference
+from convgen.runtime import kernels
 from convgen.torch import library
 from grid import CONV_CASES, GRADIENT_WINDOWS, FORWARD_WINDOWS, TRANSPOSE_CASES, Case
 from helpers import seeded_rng
@@ -172,51 +173,70 @@ def test_gradcheck_fast_mode_over_the_whole_grid(fmt):
 
 
 @pytest.fixture
-def calls(monkeypatch):
-    """Every call of convgen's ops from convgen.torch: (name, args, kwargs, result), in order."""
+def entries(monkeypatch):
+    """Every kernel entry point called, in order: (entry, addresses of its arrays, 0 for NULL)."""
     seen = []
-    for name in ("conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward"):
-        def recording(*args, _original=getattr(convgen.frontend.ops, name), _name=name, **kwargs):
-            result = _original(*args, **kwargs)
-            seen.append((_name, args, kwargs, result))
-            return result
-        monkeypatch.setattr(convgen.frontend.ops, name, recording)
+    call, call_addresses = kernels.Kernels.call, kernels.Kernels.call_addresses
+
+    def recording_call(self, entry, problem, arrays, nthreads=None):
+        seen.append((entry, [0 if a is None else _address(a) for a in arrays]))
+        return call(self, entry, problem, arrays, nthreads)
+
+    def recording_call_addresses(self, entry, problem, addresses, nthreads=None):
+        seen.append((entry, list(addresses)))
+        return call_addresses(self, entry, problem, addresses, nthreads)
+
+    monkeypatch.setattr(kernels.Kernels, "call", recording_call)
+    monkeypatch.setattr(kernels.Kernels, "call_addresses", recording_call_addresses)
     return seen
 
 
+@pytest.mark.parametrize("path", ["eager", "custom-op"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("wanted", ["x", "w", "b", "xb", "wb", "xwb"])
 @pytest.mark.parametrize("transposed, case", [(False, CONV_CASES[1]), (False, CONV_CASES[3]),
                                               (True, TRANSPOSE_CASES[3]), (True, TRANSPOSE_CASES[2])], ids=str)
-def test_gradients_of_the_inputs_that_require_them(case, transposed, wanted, fmt, calls):
-    """Only the requested gradients come back, equal to PyTorch's; dx alone runs the adjoint op (one
-    kernel call: conv_transpose2d for conv2d, conv2d cut to size for conv_transpose2d, whose
-    output_padding of 1 or 2 with dilation 2 or 3 adds rows no input feeds) and no backward op."""
+def test_gradients_of_the_inputs_that_require_them(case, transposed, wanted, fmt, path, entries):
+    """Only the requested gradients come back, equal to PyTorch's, and only their kernels run. An
+    eager call runs the kernel of each gradient wanted; the custom op (what torch.compile records)
+    runs dx alone as the adjoint op (conv_transpose2d for conv2d, conv2d cut to size for
+    conv_transpose2d, whose output_padding of 1 or 2 with dilation 2 or 3 adds rows no input feeds)
+    and dx beside dw through the backward op. Either way dx is one kernel call."""
     x, w, b = tensors(case, "float64", fmt, transposed)
     inputs = dict(x=x, w=w, b=b)
     for name in wanted:
         inputs[name].requires_grad_(True)
     kw = case.kwargs(transposed)
-    y = run(transposed)(x, w, b, **kw)
+    if path == "eager":
+        y = run(transposed)(x, w, b, **kw)
+    else:
+        y = getattr(torch.ops.convgen, "conv_transpose2d" if transposed else "conv2d")(
+            x, w, b, *_op_params(case, transposed))
     dy = torch.from_numpy(seeded_rng("dy", case).standard_normal(tuple(y.shape)))
     got = torch.autograd.grad(y, [inputs[n] for n in wanted], dy)
     x2, w2, b2 = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
     want = torch.autograd.grad(expected(case, x2, w2, b2, transposed), [dict(x=x2, w=w2, b=b2)[n] for n in wanted], dy)
     for name, g, r in zip(wanted, got, want):
         assert_close(g, r, f"d{name}")
-    backward_ops = [name for name, *_ in calls if name.endswith("_backward")]
-    assert backward_ops == ([f"{'conv_transpose2d' if transposed else 'conv2d'}_backward"] if "w" in wanted else [])
-    if wanted == "x":
-        assert [name for name, *_ in calls] == (["conv_transpose2d", "conv2d"] if transposed
-                                                else ["conv2d", "conv_transpose2d"])
+    forward, dx = ("bwd_data", "fwd") if transposed else ("fwd", "bwd_data")  # a transposed call runs conv()'s
+    with_x = "x" in wanted or (path == "custom-op" and "w" in wanted)
+    assert [entry for entry, _ in entries] == [forward] + [dx] * with_x + ["bwd_weight"] * ("w" in wanted)
 
 
-def test_second_derivatives_are_refused():
-    """Documented limit: the backward ops have no gradient of their own."""
+@pytest.mark.parametrize("path, message", [
+    ("eager", "differentiate twice a function that was marked with @once_differentiable"),
+    ("custom-op", "convgen.conv2d_backward.default but no autograd formula")])
+def test_second_derivatives_are_refused(path, message):
+    """Documented limit: the gradients have no gradient of their own, in an eager call and in the
+    custom op that tracing records."""
     x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
-    dx, = torch.autograd.grad(cgt.conv2d(x, w, None, 1, 1).square().sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="convgen.conv2d_backward.default but no autograd formula"):
+    if path == "eager":
+        y = cgt.conv2d(x, w, None, 1, 1)
+    else:
+        y = torch.ops.convgen.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], [0, 0], [1, 1], 1, "auto")
+    dx, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
         dx.sum().backward()
 
 
@@ -225,32 +245,118 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
+@pytest.mark.parametrize("path", ["eager", "custom-op"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_inputs_are_viewed_and_outputs_share_convgens_buffers(fmt, transposed, calls):
+def test_the_kernels_run_on_the_tensors_memory(fmt, transposed, path, entries):
+    """An eager call (the first of its signature and the next) and the custom ops a graph runs: the
+    kernels read x where it lies and write y where the returned tensor's memory is, channels_last
+    for a channels_last input; dx and dw likewise; the inputs are never written."""
     case = TRANSPOSE_CASES[0] if transposed else CONV_CASES[1]
     x, w, b = tensors(case, "float32", fmt, transposed, requires_grad=True)
     saved = [t.detach().clone() for t in (x, w, b)]
-    kw = case.kwargs(transposed)
-    y = run(transposed)(x, w, b, **kw)
-    layout = "NHWC" if fmt == "channels_last" else "NCHW"
-    (name, args, kwargs, result), = calls
-    assert kwargs["layout"] == layout
-    assert _address(args[0]) == x.data_ptr() and args[0].shape == tuple(x.permute(0, 2, 3, 1).shape
-                                                                         if layout == "NHWC" else x.shape)
-    assert y.data_ptr() == _address(result) and y.is_contiguous(memory_format=FORMATS[fmt])
-
-    dy = torch.randn(y.shape, dtype=y.dtype).to(memory_format=FORMATS[fmt])
-    op = getattr(torch.ops.convgen, f"{name}_backward")
-    dx, dw, db = op(dy, x.detach(), w.detach(), *_op_params(case, transposed))
-    (backward_name, args, kwargs, (rdx, rdw, rdb)) = calls[-1]
-    assert backward_name == f"{name}_backward" and kwargs["layout"] == layout
-    assert _address(args[0]) == dy.data_ptr() and _address(args[1]) == x.data_ptr()
-    assert (dx.data_ptr(), dw.data_ptr(), db.data_ptr()) == (_address(rdx), _address(rdw), _address(rdb))
-    assert dx.is_contiguous(memory_format=FORMATS[fmt]) and dw.shape == w.shape
-    y.backward(dy)
+    name = "conv_transpose2d" if transposed else "conv2d"
+    forward, dx_entry = ("bwd_data", "fwd") if transposed else ("fwd", "bwd_data")
+    for _ in range(2):
+        entries.clear()
+        if path == "eager":
+            y = run(transposed)(x, w, b, **case.kwargs(transposed))
+        else:
+            y = getattr(torch.ops.convgen, name)(x, w, b, *_op_params(case, transposed))
+        (entry, addresses), = entries
+        assert entry == forward and addresses[0] == x.data_ptr() and addresses[-1] == y.data_ptr()
+        assert y.is_contiguous(memory_format=FORMATS[fmt])
+        dy = torch.randn(y.shape, dtype=y.dtype).to(memory_format=FORMATS[fmt])
+        if path == "eager":
+            y.backward(dy)
+            dx, dw = x.grad, w.grad
+        else:
+            dx, dw, db = getattr(torch.ops.convgen, f"{name}_backward")(dy, x.detach(), w.detach(),
+                                                                        *_op_params(case, transposed))
+            torch.testing.assert_close(db, dy.sum((0, 2, 3)))
+        (dx_called, dx_addresses), (dw_called, dw_addresses) = entries[1:]
+        assert (dx_called, dw_called) == (dx_entry, "bwd_weight")
+        assert dx_addresses[0] == dy.data_ptr() and dx_addresses[-1] == dx.data_ptr()
+        assert dw_addresses[1 - transposed] == x.data_ptr()
+        assert dx.is_contiguous(memory_format=FORMATS[fmt]) and dw.shape == w.shape
+        x.grad = w.grad = b.grad = None
     for before, after in zip(saved, (x, w, b)):
-        assert torch.equal(before, after.detach())  # the inputs are read, never written
+        assert torch.equal(before, after.detach())
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_signature_seen_before_computes_each_calls_values(fmt, transposed):
+    """Eager calls of one signature share its checks and plan, never its values: each call's output
+    and gradients are those of its own tensors (x, weights and bias all new), including through
+    weights in PyTorch's order on a channels_last input (reordered per call) and a sliced x."""
+    case = TRANSPOSE_CASES[5] if transposed else CONV_CASES[2]
+    for seed in range(3):
+        x, w, b = tensors(case, "float64", fmt, transposed)
+        x, w, b = x * (seed + 1), w - seed, b + seed
+        x = x.detach().requires_grad_(True)
+        w = w.detach().requires_grad_(True)
+        wide = torch.cat([x, x], dim=3)[..., :x.shape[3]] if seed == 2 else x  # same shape, other strides
+        y = run(transposed)(wide, w, b, **case.kwargs(transposed))
+        x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+        want = expected(case, x2, w2, b, transposed)
+        assert_close(y, want.detach(), "y")
+        dy = torch.from_numpy(seeded_rng("dy", case, seed).standard_normal(tuple(y.shape)))
+        got = torch.autograd.grad(y, [x, w], dy)
+        for name, g, r in zip("xw", got, torch.autograd.grad(want, [x2, w2], dy)):
+            assert_close(g, r, f"d{name}")
+
+
+def test_eager_calls_run_on_torchs_thread_count(monkeypatch):
+    """convgen.torch follows torch.set_num_threads, whatever convgen's own count."""
+    seen = []
+    call_addresses = kernels.Kernels.call_addresses
+    monkeypatch.setattr(kernels.Kernels, "call_addresses",
+                        lambda self, entry, problem, addresses, nthreads=None:
+                        seen.append(nthreads) or call_addresses(self, entry, problem, addresses, nthreads))
+    x, w = torch.randn(2, 4, 9, 9, requires_grad=True), torch.randn(6, 4, 3, 3, requires_grad=True)
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            seen.clear()
+            cgt.conv2d(x, w, None, 1, 1).sum().backward()
+            assert seen == [threads] * 3  # forward, dx, dw
+            seen.clear()
+            torch.ops.convgen.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], [0, 0], [1, 1], 1, "auto")  # what graphs run
+            assert seen == [threads]
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_empty_batch_gives_an_empty_output_and_zero_gradients(fmt):
+    """Nothing to multiply: an empty y and empty-sum gradients, as PyTorch's, in an eager call (twice:
+    the second from its remembered signature) and in the custom op."""
+    w, b = torch.randn(4, 3, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    x = torch.randn(0, 3, 5, 5).to(memory_format=FORMATS[fmt]).requires_grad_(True)
+    want = torch.nn.functional.conv2d(x, w, b, padding=1)
+    want_grads = torch.autograd.grad(want.sum(), (x, w, b))
+    for call in (lambda: cgt.conv2d(x, w, b, 1, 1), lambda: cgt.conv2d(x, w, b, 1, 1),
+                 lambda: torch.ops.convgen.conv2d(x, w, b, [1, 1], [1, 1, 1, 1], [0, 0], [1, 1], 1, "auto")):
+        y = call()
+        torch.testing.assert_close(y, want)
+        for got, expected_grad in zip(torch.autograd.grad(y.sum(), (x, w, b)), want_grads):
+            torch.testing.assert_close(got, expected_grad)
+
+
+def test_tracing_records_the_custom_op_even_for_a_signature_seen_eagerly():
+    """make_fx (a dispatch mode over real tensors) and torch.jit.trace see the custom op, not the
+    eager shortcut, after eager calls of the same signature."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    x, w = torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    f = lambda x, w: cgt.conv2d(x, w, None, 1, 1)  # noqa: E731
+    expected_y = f(x, w)
+    graph = make_fx(f)(x, w)
+    assert "convgen.conv2d" in str(graph.graph)
+    torch.testing.assert_close(graph(x, w), expected_y)
+    traced = torch.jit.trace(f, (x, w), check_trace=False)
+    assert "convgen::conv2d" in str(traced.graph)
 
 
 def _op_params(case, transposed):

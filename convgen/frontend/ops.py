@@ -113,6 +113,20 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
     return arrays, call
 
 
+def prepare(op: str, arrays, *, specialize=True, algorithm="auto", stride=1, padding=0, dilation=1, groups=1,
+            layout="NCHW", output_padding=0, padding_mode="zeros") -> _Call:
+    """The checked and planned form of one call of `op` ("conv2d", "conv2d_backward", ... ) on
+    `arrays` (its array arguments, as the op takes them, each C-contiguous and of one float dtype),
+    for front ends that run the kernels on memory of their own (convgen.torch): `.problem`,
+    `.kernels()` and `.empty` (nothing to multiply; the kernels must not be called). Every call with
+    arrays of the same shapes, dtype and layout is checked by it. Raises what the op would."""
+    checked, call = _prepare(op, tuple(arrays), specialize, algorithm, stride, padding, dilation, groups, layout,
+                             output_padding, padding_mode)
+    if any(a is not b for a, b in zip(checked, arrays)):
+        raise ValueError(f"{op}: prepare() needs arrays the op takes as they are (C-contiguous, one float dtype)")
+    return call
+
+
 def _forward(call: _Call, x, w, bias, out):
     """y of conv2d or conv_transpose2d: `out` (checked) or a new array."""
     resolved, problem = call.resolved, call.problem
@@ -257,4 +271,4 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     return _backward(call, dy, x, w, out)
 
 
-__all__ = ["conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward"]
+__all__ = ["conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward", "prepare"]

@@ -81,6 +81,7 @@ class Kernels:
         self._whole_looked_up = False
         self._whole: Rendered | None = None  # the module of every op, rendered once
         self._c_array = spec.c_type + "[]"
+        self._c_pointer = spec.c_type + " *"
         self._arguments: dict = {}  # id(problem) -> (problem, its size arguments), computed once per problem
 
     def _render(self, ops=None) -> Rendered:
@@ -99,7 +100,8 @@ class Kernels:
                     continue
                 lib = module.lib
                 self._queries[op] = {query: getattr(lib, rendered.symbols[query]) for query in abi.QUERIES}
-                self._entries[op] = (getattr(lib, rendered.symbols[op]), module.ffi.from_buffer, module.ffi.NULL)
+                self._entries[op] = (getattr(lib, rendered.symbols[op]), module.ffi.from_buffer, module.ffi.NULL,
+                                     module.ffi.cast)
                 self._modules[op] = (module, rendered)
 
     def _build(self, rendered: Rendered) -> bool:
@@ -185,9 +187,24 @@ class Kernels:
         if found is None:
             self.load(entry)
             found = self._entries[entry]
-        function, from_buffer, null = found
+        function, from_buffer, null, _ = found
         c_array = self._c_array
         pointers = [null if a is None else from_buffer(c_array, a, False) for a in arrays]
+        status = function(*pointers, *self._sizes(problem), nthreads or num_threads())
+        if status != 0:
+            raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
+
+    def call_addresses(self, entry: str, problem: Problem, addresses, nthreads: int | None = None) -> None:
+        """`call` with the arrays given by the addresses of their first elements (ints, 0 for NULL):
+        for callers whose arrays are not NumPy's (PyTorch tensors). The memory must be what `call`
+        requires of its arrays: C-contiguous, of the spec's dtype and of the problem's shapes."""
+        found = self._entries.get(entry)
+        if found is None:
+            self.load(entry)
+            found = self._entries[entry]
+        function, _, null, cast = found
+        pointer = self._c_pointer
+        pointers = [cast(pointer, a) if a else null for a in addresses]
         status = function(*pointers, *self._sizes(problem), nthreads or num_threads())
         if status != 0:
             raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")

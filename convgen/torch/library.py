@@ -3,8 +3,9 @@
 Each op is a `torch.library.custom_op` (so autograd, `torch.compile` and `torch.export` see one opaque
 node) with three parts:
 
-- the CPU implementation: NumPy views of the tensors' memory (no copies), convgen's op, and the
-  result wrapped back into a tensor that shares convgen's buffer (`torch.from_numpy`);
+- the CPU implementation: the call's `Bound` (checked and planned by convgen's front end on its first
+  call), which runs the kernels on the tensors' memory (no copies) into new tensors, on
+  `torch.get_num_threads()` threads;
 - a fake implementation: the output's shape and strides without computing it, for tracing;
 - an autograd formula from convgen's backward op, itself a custom op (``convgen::conv2d_backward``,
   ``convgen::conv_transpose2d_backward``) so that a traced backward graph holds it too.
@@ -15,6 +16,9 @@ Any other strides are made contiguous first. Every op takes the same arguments, 
 `convolution` does (plus `algorithm` and `padding_mode`): the forward convolutions ignore
 `output_padding` (always zeros), the transposed ones pad with zeros only, as PyTorch's.
 
+An eager call (nothing tracing it) of a signature seen before skips both the checks and the custom
+op's dispatch: `apply` runs its `Bound` at once (section "eager calls" below).
+
 The ops are described by a table of `Kind`s; a convolution of another dimensionality (1-D, 3-D) is one
 more entry there, plus its public function, once convgen computes it.
 """
@@ -22,6 +26,7 @@ more entry there, plus its public function, once convgen computes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +36,7 @@ from ..frontend import ops as convgen_ops
 from ..planning.planner import as_algorithm
 from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
 from ..planning.spec import Window, as_int, explicit_padding
+from ..runtime.kernels import settings
 
 DTYPES = (torch.float32, torch.float64)
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -81,6 +87,15 @@ class Kind:
     def weight_to_last(self) -> tuple[int, ...]:
         """PyTorch's (outer, inner, *kernel) to convgen's channels-last (*kernel, inner, outer)."""
         return (*range(2, self.spatial + 2), 1, 0)
+
+    @functools.cached_property
+    def from_last(self) -> tuple[int, ...]:
+        """Channels-last (N, *spatial, C) back to logical (N, C, *spatial)."""
+        return _inverse(self.to_last)
+
+    @functools.cached_property
+    def weight_from_last(self) -> tuple[int, ...]:
+        return _inverse(self.weight_to_last)
 
     def out_channels(self, weight_shape, groups) -> int:
         return weight_shape[1] * groups if self.transposed else weight_shape[0]
@@ -134,19 +149,8 @@ def weight_array(kind: Kind, weight: torch.Tensor, last: bool) -> np.ndarray:
     return _numpy(weight.contiguous())
 
 
-def image_tensor(kind: Kind, array: np.ndarray, last: bool) -> torch.Tensor:
-    """A convgen result as a logical (N, C, *spatial) tensor sharing the array's memory."""
-    t = torch.from_numpy(array)
-    return t.permute(_inverse(kind.to_last)) if last else t
-
-
-def weight_tensor(kind: Kind, array: np.ndarray, last: bool) -> torch.Tensor:
-    t = torch.from_numpy(array)
-    return t.permute(_inverse(kind.weight_to_last)) if last else t
-
-
 def _empty_image(kind: Kind, like: torch.Tensor, shape, last: bool) -> torch.Tensor:
-    """What `image_tensor` returns, without data: the same shape and the same strides."""
+    """The result's tensor, without data: the shape and strides the kernels' output has."""
     if last:
         return like.new_empty([shape[i] for i in kind.to_last]).permute(_inverse(kind.to_last))
     return like.new_empty(shape)
@@ -222,12 +226,8 @@ def _define(kind: Kind):
 
     def forward(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
                  padding_mode="zeros"):
-        last = channels_last(kind, x)
-        y = getattr(convgen_ops, kind.forward)(
-            image_array(kind, x, last), weight_array(kind, weight, last),
-            None if bias is None else _numpy(bias.contiguous()),
-            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, padding_mode, last))
-        return image_tensor(kind, y, last)
+        params = (stride, padding, output_padding, dilation, groups, algorithm, padding_mode)
+        return bound_call(kind, x, weight, bias, params).forward(x, weight, bias)
 
     def forward_fake(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
                       padding_mode="zeros"):
@@ -238,11 +238,10 @@ def _define(kind: Kind):
 
     def backward(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm,
                   padding_mode="zeros"):
-        last = channels_last(kind, x)  # dy follows x's layout, whatever its own strides
-        dx, dw, db = getattr(convgen_ops, kind.backward)(
-            image_array(kind, dy, last), image_array(kind, x, last), weight_array(kind, weight, last),
-            **_convgen_kwargs(kind, stride, padding, output_padding, dilation, groups, algorithm, padding_mode, last))
-        return image_tensor(kind, dx, last), weight_tensor(kind, dw, last), torch.from_numpy(db)
+        params = (stride, padding, output_padding, dilation, groups, algorithm, padding_mode)
+        bound = bound_call(kind, x, weight, None, params)  # dy follows x's layout, whatever its own strides
+        dx, dw = bound.gradients(dy, x, weight, True, True)
+        return dx, dw, dy.sum(bound.bias_axes)
 
     def backward_fake(dy, x, weight, stride, padding, output_padding, dilation, groups, algorithm,
                        padding_mode="zeros"):
@@ -306,6 +305,195 @@ def _input_gradient(kind: Kind, dy, x, weight, stride, padding, output_padding, 
 OPS = {name: _define(kind) for name, kind in KINDS.items()}  # name -> the registered forward op
 
 
+# ------------------------------------------------------------------- eager calls: checked once
+# An eager call (no torch.compile, export or tracing of any kind at work) of a signature seen before
+# -- the same kind, tensor shapes, strides and dtypes, the same parameters, convgen settings and
+# thread count -- skips the argument checks and the custom-op dispatch and runs the kernels on the
+# tensors' memory; with autograd wanted, through a `torch.autograd.Function` of the same kernels. The
+# custom ops stay what tracing records. On a tiny convolution this cuts the cost of a call from PyTorch
+# to that of convgen's NumPy op (bench/overhead.py).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_BOUND: dict = {}  # eager call signature -> Bound (None: a signature that must take the custom op)
+_BOUND_MAX = 1024
+
+
+def _eager(x, weight, bias) -> bool:
+    """Whether this call may skip the custom op: plain CPU tensors, and nothing that records or
+    transforms the call (dynamo, a dispatch mode such as make_fx's or FakeTensorMode's, functorch
+    transforms, the JIT tracer)."""
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
+        return False
+    if not (x.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu)):
+        return False
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+                or torch._C._are_functorch_transforms_active() or torch._C._get_tracing_state())
+
+
+def _parameter_key(value):
+    """A parameter as part of a hashable key, equal to no differently typed value (True is not 1)."""
+    kind = type(value)
+    if kind is int or kind is str:
+        return value
+    if kind is tuple or kind is list or kind is torch.Size:
+        return tuple(_parameter_key(v) for v in value)
+    return (kind, value)
+
+
+def _eager_key(kind_name, x, weight, bias, params):
+    try:
+        return (kind_name, x.shape, x.stride(), x.dtype, weight.shape, weight.stride(), weight.dtype,
+                None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+                tuple([_parameter_key(p) for p in params]), settings(), torch.get_num_threads())
+    except TypeError:  # an unhashable parameter: the checks will say what is wrong with it
+        return None
+
+
+def _in_layout(kind: Kind, t: torch.Tensor, last: bool) -> torch.Tensor:
+    """t, or a contiguous copy, whose memory is the layout's (NCHW's or NHWC's)."""
+    return t.permute(kind.to_last).contiguous() if last else t.contiguous()
+
+
+def _weight_in_layout(kind: Kind, weight: torch.Tensor, last: bool) -> torch.Tensor:
+    return weight.permute(kind.weight_to_last).contiguous() if last else weight.contiguous()
+
+
+class Bound:
+    """An eager call signature, checked and planned once by convgen's own front end: what each call
+    of it runs. `forward` gives y; `gradients` (dx, dw), either alone if only it is needed."""
+
+    __slots__ = ("kind", "last", "unbatched", "forward_call", "backward_call", "params", "y_shape",
+                 "x_ready", "weight_ready", "bias_axes")
+
+    def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
+        self.kind, self.params, self.unbatched = kind, params, unbatched
+        if unbatched:
+            x = x.unsqueeze(0)
+        last = self.last = channels_last(kind, x)
+        x_array, w_array = image_array(kind, x, last), weight_array(kind, weight, last)
+        kwargs = _convgen_kwargs(kind, *params, last)
+        self.forward_call = convgen_ops.prepare(
+            kind.forward, (x_array, w_array, None if bias is None else _numpy(bias.contiguous())), **kwargs)
+        self.backward_call = None  # planned on the first backward pass
+        self.y_shape = self.forward_call.resolved.result_shapes[0]  # in the layout's order
+        self.x_ready = x.is_contiguous() if not last else x.permute(kind.to_last).is_contiguous()
+        self.weight_ready = (weight.is_contiguous() if not last
+                             else weight.permute(kind.weight_to_last).is_contiguous())
+        self.bias_axes = [0, *range(2, kind.spatial + 2)]
+
+    def _x(self, x):
+        return x if self.x_ready else _in_layout(self.kind, x, self.last)
+
+    def _weight(self, weight):
+        return weight if self.weight_ready else _weight_in_layout(self.kind, weight, self.last)
+
+    def _image(self, array_shape, like):
+        """A new tensor of the layout's shape, as the logical (N, C, *spatial) tensor it holds."""
+        t = torch.empty(array_shape, dtype=like.dtype)
+        return t.permute(self.kind.from_last) if self.last else t
+
+    def run(self, x, weight, bias):
+        """y for an eager call, recorded for autograd when a gradient is wanted."""
+        if self.unbatched:
+            return _run_batched(self, x.unsqueeze(0), weight, bias).squeeze(0)
+        return _run_batched(self, x, weight, bias)
+
+    def forward(self, x, weight, bias):
+        call = self.forward_call
+        problem = call.problem
+        xa, wa = self._x(x), self._weight(weight)
+        y = self._image(self.y_shape, x)
+        if call.empty:  # no input values: every output is the bias alone
+            y.zero_()
+        elif not problem.transpose:
+            kernels, threads = call.kernels(), torch.get_num_threads()
+            bias_address = 0 if bias is None else bias.contiguous().data_ptr()
+            kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), bias_address, y.data_ptr()),
+                                   threads)
+        else:
+            call.kernels().call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), y.data_ptr()),
+                                          torch.get_num_threads())
+        if bias is not None and (call.empty or problem.transpose):
+            y += bias.view(-1, *([1] * self.kind.spatial))
+        return y
+
+    def _planned_backward(self):
+        if self.backward_call is None:
+            kind, last = self.kind, self.last
+            dy = np.empty(self.y_shape, self.forward_call.resolved.dtype)
+            x_shape, w_shape = self.forward_call.problem.input_shape, self.forward_call.problem.weight_shape
+            self.backward_call = convgen_ops.prepare(
+                kind.backward, (dy, np.empty(x_shape, dy.dtype), np.empty(w_shape, dy.dtype)),
+                **_convgen_kwargs(kind, *self.params, last))
+        return self.backward_call
+
+    def gradients(self, dy, x, weight, need_x: bool, need_w: bool):
+        """(dx, dw) of dy, each None unless needed."""
+        call = self._planned_backward()
+        if call.empty:  # nothing multiplied: empty sums
+            return (torch.zeros_like(x) if need_x else None), (torch.zeros_like(weight) if need_w else None)
+        problem, kernels, threads = call.problem, call.kernels(), torch.get_num_threads()
+        dya, wa = _in_layout(self.kind, dy, self.last), self._weight(weight)
+        dx = dw = None
+        if need_x:
+            dx = self._image(problem.input_shape, dy)
+            if not problem.transpose:
+                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), dx.data_ptr()), threads)
+            else:
+                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), 0, dx.data_ptr()), threads)
+        if need_w:
+            xa = self._x(x)
+            dw_array = torch.empty(problem.weight_shape, dtype=dy.dtype)
+            first, second = (dya, xa) if not problem.transpose else (xa, dya)
+            kernels.call_addresses("bwd_weight", problem, (first.data_ptr(), second.data_ptr(), dw_array.data_ptr()),
+                                   threads)
+            dw = dw_array.permute(self.kind.weight_from_last) if self.last else dw_array
+        return dx, dw
+
+
+class _EagerAutograd(torch.autograd.Function):
+    """An eager call with autograd: y from the kernels; in the backward pass dx and dw from the
+    kernels (only those wanted), db summed by PyTorch."""
+
+    @staticmethod
+    def forward(ctx, bound, x, weight, bias):
+        ctx.bound = bound
+        ctx.save_for_backward(x, weight)
+        return bound.forward(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        bound = ctx.bound
+        need_x, need_w, need_bias = ctx.needs_input_grad[1:4]
+        dx, dw = bound.gradients(dy, x, weight, need_x, need_w) if need_x or need_w else (None, None)
+        db = dy.sum(bound.bias_axes) if need_bias else None
+        return None, dx, dw, db
+
+
+def _run_batched(bound: Bound, x, weight, bias):
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _EagerAutograd.apply(bound, x, weight, bias)
+    return bound.forward(x, weight, bias)
+
+
+def _remember(key, bound) -> None:
+    if len(_BOUND) >= _BOUND_MAX:
+        _BOUND.clear()
+    _BOUND[key] = bound
+
+
+def bound_call(kind: Kind, x, weight, bias, params) -> Bound:
+    """The Bound of a custom op's call (explicit parameter lists), made on its first call."""
+    key = _eager_key(("op", kind.name), x, weight, bias, params)
+    bound = _BOUND.get(key)
+    if bound is None:
+        bound = Bound(kind, x, weight, bias, params, unbatched=False)
+        _remember(key, bound)
+    return bound
+
+
 # ----------------------------------------------------------------------------- public functions
 def _check_tensors(kind: Kind, x, weight, bias):
     """The tensor arguments: CPU tensors of one convgen dtype, the right number of dimensions."""
@@ -332,7 +520,15 @@ def _check_tensors(kind: Kind, x, weight, bias):
 
 def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
           padding_mode="zeros"):
-    """Check a public call's arguments, resolve them to the op's explicit lists and run the op."""
+    """Check a public call's arguments, resolve them to the op's explicit lists and run the op (an
+    eager call of a signature checked before runs its `Bound` at once)."""
+    key = None
+    if _eager(x, weight, bias):
+        key = _eager_key(kind_name, x, weight, bias,
+                         (stride, padding, output_padding, dilation, groups, algorithm, padding_mode))
+        bound = _BOUND.get(key, False) if key is not None else False
+        if bound:
+            return bound.run(x, weight, bias)
     kind = KINDS[kind_name]
     _check_tensors(kind, x, weight, bias)
     unbatched = x.dim() == kind.spatial + 1
@@ -357,8 +553,13 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
         output_padding = given
     else:
         output_padding = [0] * kind.spatial
+    if key is not None:
+        params = (stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
+        bound = Bound(kind, x[0] if unbatched else x, weight, bias, params, unbatched)
+        _remember(key, bound)
+        return bound.run(x[0] if unbatched else x, weight, bias)
     y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
     return y.squeeze(0) if unbatched else y
 
 
-__all__ = ["KINDS", "OPS", "Kind", "apply", "channels_last", "output_shape"]
+__all__ = ["KINDS", "OPS", "Bound", "Kind", "apply", "channels_last", "output_shape"]
