@@ -492,3 +492,41 @@ def test_first_call_bench_times_a_new_window_in_a_fresh_cache(tmp_path):
     row = next(line for line in report.splitlines() if line.startswith("| k2s1p0 | NHWC | direct |"))
     once, forward, backward = (float(cell) for cell in row.strip("|").split("|")[3:6])
     assert 0 < once < 600 and 0 < forward < 600 and 0 < backward < 600
+
+
+def test_the_bench_models_are_torchvisions():
+    """bench/models.py against torchvision's published sizes: ResNet-18 11,689,512 parameters and 20
+    convolutions, MobileNetV2 3,504,872 parameters and 52 convolutions (17 of them depthwise)."""
+    sys.path.insert(0, str(BENCH))
+    import torch
+    from models import convolutions, mobilenet_v2, resnet18
+    for build, parameters, convs in ((resnet18, 11_689_512, 20), (mobilenet_v2, 3_504_872, 52)):
+        model = build()
+        assert sum(p.numel() for p in model.parameters()) == parameters
+        assert convolutions(model) == convs
+        assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+    depthwise = [m for m in mobilenet_v2().modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+    assert len(depthwise) == 17 and all(m.groups == m.in_channels == m.out_channels for m in depthwise)
+
+
+def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
+    """bench/end_to_end.py --quick on the encoder-decoder, channels_last: three rows naming the CPU,
+    outputs agreeing with PyTorch, and gradients as close to float64 as PyTorch's."""
+    out = tmp_path / "end_to_end.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "end_to_end.py"), "--quick", "--models", "encoder_decoder",
+                           "--formats", "channels_last", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = out.read_text()
+    assert "CPU: " in report and "Geometric mean speedup" in report
+    rows = [line for line in report.splitlines() if line.startswith("| encoder_decoder | channels_last |")]
+    assert len(rows) == 3
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[4]) > 0
+        numbers = [float(v.rstrip(",")) for v in cells[6].split() if v[0].isdigit()]
+        if "output vs PyTorch" in cells[6]:
+            assert numbers[0] < 1e-4
+        else:
+            torch_error, convgen_error = numbers
+            assert convgen_error <= 2 * torch_error + 1e-7

@@ -1,0 +1,160 @@
+"""Whole networks, PyTorch eager against the same model converted with `convgen.torch.convert`.
+
+    python bench/end_to_end.py [--models resnet18,mobilenet_v2,encoder_decoder] [--repeat 5]
+    python bench/end_to_end.py --quick        # small images and batches, two samples: seconds
+
+For each model (bench/models.py) and memory format (contiguous, channels_last), float32: inference at
+batch 1 and 8 on 224×224 images (`torch.inference_mode`, BatchNorm in eval mode) and a training step at
+batch 8 on 112×112 (forward, loss, backward; BatchNorm in training mode). PyTorch's model and its
+converted copy hold the same weights and are timed alternately, medians of `--repeat` samples each,
+after a warm-up call that compiles any kernel the cache lacks. Accuracy columns: the converted
+model's output against PyTorch's (max |Δ| / max |PyTorch's|); for training, the parameters' gradients
+of each library against the same step computed in float64 (‖g − g64‖ / ‖g64‖ over all parameters).
+Writes bench/results/end_to_end.md, naming the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import convgen.torch as cgt  # noqa: E402
+from models import MODELS, convolutions  # noqa: E402
+from peak import cpu_model  # noqa: E402
+
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max()) / max(float(want.double().abs().max()), 1e-30)
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.square().mean()
+
+
+def _gradients(model, x) -> list:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the same dropout masks (MobileNetV2's) in every library and dtype
+    _loss(model(x)).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _gradient_error(grads, reference) -> float:
+    """‖g − g64‖ / ‖g64‖ over every parameter's gradient at once (a single parameter's relative error
+    says little where its true gradient is nearly zero, as a training-mode BatchNorm makes some)."""
+    difference = sum(float((g.double() - r).square().sum()) for g, r in zip(grads, reference))
+    return (difference / max(sum(float(r.square().sum()) for r in reference), 1e-300)) ** 0.5
+
+
+def _timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int) -> dict:
+    torch.manual_seed(0)
+    reference = MODELS[name]()
+    # BatchNorm statistics away from 0 and 1, as a trained model's (a fresh one's are exactly those)
+    for module in reference.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    reference.train(mode == "training")
+    converted = copy.deepcopy(reference)
+    report = cgt.convert(converted)
+    x = torch.randn(batch, 3, size, size).to(memory_format=FORMATS[fmt])
+    row = dict(model=name, format=fmt, mode=mode, batch=batch, size=size, swapped=len(report.swapped),
+               convolutions=convolutions(reference))
+    if mode == "inference":
+        def call(model):
+            with torch.inference_mode():
+                return model(x)
+        row["error"] = _relative(call(converted), call(reference))  # (also the warm-up)
+    else:
+        def call(model):
+            model.zero_grad(set_to_none=True)
+            _loss(model(x)).backward()
+        exact = copy.deepcopy(reference).double()
+        want = _gradients(exact, x.double())
+        row["torch_grad_error"] = _gradient_error(_gradients(reference, x), want)
+        row["convgen_grad_error"] = _gradient_error(_gradients(converted, x), want)
+    samples = {"torch": [], "convgen": []}
+    for r in range(repeat):
+        order = (("torch", reference), ("convgen", converted))
+        for library, model in (order if r % 2 == 0 else order[::-1]):
+            samples[library].append(_timed(lambda: call(model)))
+    row["torch_ms"] = statistics.median(samples["torch"]) * 1e3
+    row["convgen_ms"] = statistics.median(samples["convgen"]) * 1e3
+    row["speedup"] = row["torch_ms"] / row["convgen_ms"]
+    return row
+
+
+def table(rows: list) -> list[str]:
+    lines = ["| model | memory format | run | PyTorch (ms) | convgen (ms) | convgen speedup | accuracy |",
+             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        if r["mode"] == "inference":
+            accuracy = f"output vs PyTorch {r['error']:.1e}"
+        else:
+            accuracy = (f"grads vs float64: PyTorch {r['torch_grad_error']:.1e}, "
+                        f"convgen {r['convgen_grad_error']:.1e}")
+        lines.append(f"| {r['model']} | {r['format']} | {r['mode']} batch {r['batch']}, {r['size']}² | "
+                     f"{r['torch_ms']:.1f} | {r['convgen_ms']:.1f} | {r['speedup']:.2f}× | {accuracy} |")
+    speedups = [r["speedup"] for r in rows]
+    geomean = statistics.geometric_mean(speedups)
+    lines += ["", f"Geometric mean speedup {geomean:.2f}× over {len(rows)} cases; lowest {min(speedups):.2f}×."]
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of: {', '.join(MODELS)}")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (convgen follows it)")
+    parser.add_argument("--quick", action="store_true", help="64² images, batches 1 and 2, two samples")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of: "
+                        + ", ".join(FORMATS))
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "end_to_end.md")
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    torch.set_num_threads(args.threads)
+    formats = [f for f in args.formats.split(",") if f]
+    if any(f not in FORMATS for f in formats):
+        parser.error(f"--formats: choose from {', '.join(FORMATS)}")
+    # (training in --quick mode keeps 64² images: smaller ones leave BatchNorm a few values per channel
+    # in the last stages, where float32 gradients lose every digit against float64, in both libraries)
+    repeat, big, small, large_batch = (2, 64, 64, 2) if args.quick else (args.repeat, 224, 112, 8)
+    rows = []
+    for name in names:
+        for fmt in formats:
+            for mode, batch, size in (("inference", 1, big), ("inference", large_batch, big),
+                                      ("training", large_batch, small)):
+                rows.append(run_case(name, fmt, mode, batch, size, repeat))
+                print(table(rows[-1:])[2], flush=True)
+    lines = ["# End to end: whole networks, PyTorch eager against convgen.torch.convert", "",
+             f"CPU: {cpu_model()}; {args.threads} threads for both libraries; float32; torch {torch.__version__}; "
+             f"medians of {repeat} alternated samples per case.", "", *table(rows)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
