@@ -6,8 +6,14 @@ examples/torch_interop.py, whose transposed convolution the other two lack.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from torch_interop import build_network  # noqa: E402
 
 
 class BasicBlock(nn.Module):
@@ -81,13 +87,7 @@ def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
 
 def encoder_decoder() -> nn.Module:
     """examples/torch_interop.py's network: strided, grouped and transposed convolutions, 3 → 3 channels."""
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, padding=1, groups=32), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
-        nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 3, 1))
+    return build_network()
 
 
 MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2, "encoder_decoder": encoder_decoder}

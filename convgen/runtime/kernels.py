@@ -183,28 +183,28 @@ class Kernels:
         (`convgen.frontend.resolve`). A transposed problem runs as its `conv()`. MemoryError if the
         kernel could not allocate its workspace.
         """
-        found = self._entries.get(entry)
-        if found is None:
-            self.load(entry)
-            found = self._entries[entry]
-        function, from_buffer, null, _ = found
+        function, from_buffer, null, _ = self._entry(entry)
         c_array = self._c_array
         pointers = [null if a is None else from_buffer(c_array, a, False) for a in arrays]
-        status = function(*pointers, *self._sizes(problem), nthreads or num_threads())
-        if status != 0:
-            raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
+        self._run(function, pointers, problem, nthreads)
 
     def call_addresses(self, entry: str, problem: Problem, addresses, nthreads: int | None = None) -> None:
         """`call` with the arrays given by the addresses of their first elements (ints, 0 for NULL):
         for callers whose arrays are not NumPy's (PyTorch tensors). The memory must be what `call`
         requires of its arrays: C-contiguous, of the spec's dtype and of the problem's shapes."""
+        function, _, null, cast = self._entry(entry)
+        pointer = self._c_pointer
+        self._run(function, [cast(pointer, a) if a else null for a in addresses], problem, nthreads)
+
+    def _entry(self, entry: str) -> tuple:
+        """(C function, ffi.from_buffer, NULL, ffi.cast) of `entry`, its module loaded first if need be."""
         found = self._entries.get(entry)
         if found is None:
             self.load(entry)
             found = self._entries[entry]
-        function, _, null, cast = found
-        pointer = self._c_pointer
-        pointers = [cast(pointer, a) if a else null for a in addresses]
+        return found
+
+    def _run(self, function, pointers, problem: Problem, nthreads: int | None) -> None:
         status = function(*pointers, *self._sizes(problem), nthreads or num_threads())
         if status != 0:
             raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
