@@ -76,7 +76,8 @@ class Kernels:
         self.spec = spec
         self.settings = active
         self._modules: dict = {}    # op -> (loaded module, its Rendered)
-        self._entries: dict = {}    # entry -> (C function, its module's ffi.from_buffer and NULL), as modules load
+        # entry -> (C function, its module's ffi.from_buffer, NULL and ffi.cast), as modules load
+        self._entries: dict = {}
         self._queries: dict = {}    # op -> {query: C function}
         self._whole_looked_up = False
         self._whole: Rendered | None = None  # the module of every op, rendered once

@@ -133,21 +133,26 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-def image_array(kind: Kind, t: torch.Tensor, last: bool) -> np.ndarray:
-    """An image batch in the chosen layout: a view of its memory, or of a contiguous copy when its
-    strides are neither layout's."""
-    if last:
-        return _numpy(t.permute(kind.to_last).contiguous())  # contiguous() returns t itself when it is
-    return _numpy(t.contiguous())
+def _in_layout(kind: Kind, t: torch.Tensor, last: bool) -> torch.Tensor:
+    """An image batch whose memory is the chosen layout's: t itself (contiguous() returns t when it
+    already is), or a contiguous copy when its strides are neither layout's."""
+    return t.permute(kind.to_last).contiguous() if last else t.contiguous()
 
 
-def weight_array(kind: Kind, weight: torch.Tensor, last: bool) -> np.ndarray:
+def _weight_in_layout(kind: Kind, weight: torch.Tensor, last: bool) -> torch.Tensor:
     """The weights in the chosen layout. For channels-last this is a reordered copy unless the tensor
     already lies in convgen's (*kernel, inner, outer) order; the weights are small beside the images
     (and beside one call's work on them), so the copy costs little and keeps the kernels' layout."""
-    if last:
-        return _numpy(weight.permute(kind.weight_to_last).contiguous())
-    return _numpy(weight.contiguous())
+    return weight.permute(kind.weight_to_last).contiguous() if last else weight.contiguous()
+
+
+def image_array(kind: Kind, t: torch.Tensor, last: bool) -> np.ndarray:
+    """`_in_layout` as a NumPy array (a view: no copy)."""
+    return _numpy(_in_layout(kind, t, last))
+
+
+def weight_array(kind: Kind, weight: torch.Tensor, last: bool) -> np.ndarray:
+    return _numpy(_weight_in_layout(kind, weight, last))
 
 
 def _empty_image(kind: Kind, like: torch.Tensor, shape, last: bool) -> torch.Tensor:
@@ -201,19 +206,20 @@ def output_shape(kind: Kind, x_shape, w_shape, stride, padding, output_padding, 
     return [x_shape[0], kind.out_channels(w_shape, groups), *sizes]
 
 
-def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last):
-    """convgen's own checks of the shapes and parameters, where the sizes are known numbers (eager
-    calls, and traces with static shapes), so a bad call fails where it is made, with convgen's message."""
-    if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)):
-        return  # symbolic sizes: the call itself checks them when it runs
+def _problem(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last):
+    """convgen's Problem of a call with sizes known as numbers, every parameter checked by convgen."""
     x_shape = tuple(x.shape[i] for i in kind.to_last) if last else tuple(x.shape)
     w_shape = tuple(weight.shape[i] for i in kind.weight_to_last) if last else tuple(weight.shape)
     args = (x_shape, w_shape, _NUMPY_DTYPES[x.dtype], tuple(stride), _pairs(padding), tuple(dilation), groups,
             kind.layouts[last])
-    if kind.transposed:
-        kind.problem(*args, tuple(output_padding))
-    else:
-        kind.problem(*args, padding_mode)
+    return kind.problem(*args, tuple(output_padding)) if kind.transposed else kind.problem(*args, padding_mode)
+
+
+def _check_geometry(kind: Kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last):
+    """convgen's own checks of the shapes and parameters, where the sizes are known numbers (eager
+    calls, and traces with static shapes), so a bad call fails where it is made, with convgen's message."""
+    if all(isinstance(n, int) for n in (*x.shape, *weight.shape)):  # symbolic sizes: checked when run
+        _problem(kind, x, weight, stride, padding, output_padding, dilation, groups, padding_mode, last)
 
 
 def _schema(inputs: str, returns: str) -> str:
@@ -314,7 +320,7 @@ OPS = {name: _define(kind) for name, kind in KINDS.items()}  # name -> the regis
 # custom ops stay what tracing records. On a tiny convolution this cuts the cost of a call from PyTorch
 # to that of convgen's NumPy op (bench/overhead.py).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_BOUND: dict = {}  # eager call signature -> Bound (None: a signature that must take the custom op)
+_BOUND: dict = {}  # call signature -> Bound
 _BOUND_MAX = 1024
 
 
@@ -349,15 +355,6 @@ def _eager_key(kind_name, x, weight, bias, params):
         return None
 
 
-def _in_layout(kind: Kind, t: torch.Tensor, last: bool) -> torch.Tensor:
-    """t, or a contiguous copy, whose memory is the layout's (NCHW's or NHWC's)."""
-    return t.permute(kind.to_last).contiguous() if last else t.contiguous()
-
-
-def _weight_in_layout(kind: Kind, weight: torch.Tensor, last: bool) -> torch.Tensor:
-    return weight.permute(kind.weight_to_last).contiguous() if last else weight.contiguous()
-
-
 class Bound:
     """An eager call signature, checked and planned once by convgen's own front end: what each call
     of it runs. `forward` gives y; `gradients` (dx, dw), either alone if only it is needed."""
@@ -366,9 +363,8 @@ class Bound:
                  "x_ready", "weight_ready", "bias_axes")
 
     def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
+        """x is batched; `unbatched`: the calls of this signature give it without its batch dimension."""
         self.kind, self.params, self.unbatched = kind, params, unbatched
-        if unbatched:
-            x = x.unsqueeze(0)
         last = self.last = channels_last(kind, x)
         x_array, w_array = image_array(kind, x, last), weight_array(kind, weight, last)
         if params[5] == AUTO_FOR_TRAINING:
@@ -409,10 +405,9 @@ class Bound:
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
         elif not problem.transpose:
-            kernels, threads = call.kernels(), torch.get_num_threads()
             bias_address = 0 if bias is None else bias.contiguous().data_ptr()
-            kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), bias_address, y.data_ptr()),
-                                   threads)
+            call.kernels().call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), bias_address, y.data_ptr()),
+                                          torch.get_num_threads())
         else:
             call.kernels().call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), y.data_ptr()),
                                           torch.get_num_threads())
@@ -475,9 +470,13 @@ class _EagerAutograd(torch.autograd.Function):
         return None, dx, dw, db
 
 
+def _wants_gradient(x, weight, bias) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
 def _run_batched(bound: Bound, x, weight, bias):
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if _wants_gradient(x, weight, bias):
         return _EagerAutograd.apply(bound, x, weight, bias)
     return bound.forward(x, weight, bias)
 
@@ -499,11 +498,6 @@ def bound_call(kind: Kind, x, weight, bias, params) -> Bound:
 
 
 # ----------------------------------------------------------------------------- public functions
-def _wants_gradient(x, weight, bias) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                        or (bias is not None and bias.requires_grad))
-
-
 # The algorithm a call whose gradients are wanted passes for "auto", in eager calls and in traced
 # graphs alike: "auto" without Winograd (see `_algorithm_for_training`).
 AUTO_FOR_TRAINING = "auto-training"
@@ -518,12 +512,8 @@ def _algorithm_for_training(kind: Kind, x, weight, stride, pads, output_padding,
     7e-6 for PyTorch and 1.2e-5 for convgen's direct kernels, which took 9 % longer
     (bench/end_to_end.py). Inference keeps Winograd: its outputs agree with PyTorch's to 2e-7.
     """
-    last = channels_last(kind, x)
-    x_shape = tuple(x.shape[i] for i in kind.to_last) if last else tuple(x.shape)
-    w_shape = tuple(weight.shape[i] for i in kind.weight_to_last) if last else tuple(weight.shape)
-    args = (x_shape, w_shape, _NUMPY_DTYPES[x.dtype], tuple(stride), _pairs(pads), tuple(dilation), groups,
-            kind.layouts[last])
-    problem = kind.problem(*args, tuple(output_padding)) if kind.transposed else kind.problem(*args, padding_mode)
+    problem = _problem(kind, x, weight, stride, pads, output_padding, dilation, groups, padding_mode,
+                       channels_last(kind, x))
     chosen = planner.plan(problem, True, settings().schedule(), "auto")
     return "direct" if chosen.family == "winograd" else "auto"
 
@@ -559,8 +549,8 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
     if _eager(x, weight, bias):
         key = _eager_key(kind_name, x, weight, bias, (stride, padding, output_padding, dilation, groups, algorithm,
                                                       padding_mode, _wants_gradient(x, weight, bias)))
-        bound = _BOUND.get(key, False) if key is not None else False
-        if bound:
+        bound = _BOUND.get(key) if key is not None else None
+        if bound is not None:
             return bound.run(x, weight, bias)
     kind = KINDS[kind_name]
     _check_tensors(kind, x, weight, bias)
@@ -590,10 +580,11 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
         algorithm = AUTO_FOR_TRAINING  # (decided where the sizes are known: in the Bound)
     if key is not None:
         params = (stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
-        bound = Bound(kind, x[0] if unbatched else x, weight, bias, params, unbatched)
+        bound = Bound(kind, x, weight, bias, params, unbatched)
         _remember(key, bound)
-        return bound.run(x[0] if unbatched else x, weight, bias)
-    y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
+        y = _run_batched(bound, x, weight, bias)
+    else:
+        y = OPS[kind.name](x, weight, bias, stride, pads, output_padding, dilation, groups, algorithm, padding_mode)
     return y.squeeze(0) if unbatched else y
 
 
