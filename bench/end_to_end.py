@@ -5,7 +5,8 @@
 
 For each model (bench/models.py) and memory format (contiguous, channels_last), float32: inference at
 batch 1 and 8 on 224×224 images (`torch.inference_mode`, BatchNorm in eval mode) and a training step at
-batch 8 on 112×112 (forward, loss, backward; BatchNorm in training mode). PyTorch's model and its
+batch 8 on 112×112 (forward, loss, backward; BatchNorm in training mode), the model and its inputs in
+the memory format (PyTorch's channels_last recipe). PyTorch's model and its
 converted copy hold the same weights and are timed alternately, medians of `--repeat` samples each,
 after a warm-up call that compiles any kernel the cache lacks. Accuracy columns: the converted
 model's output against PyTorch's (max |Δ| / max |PyTorch's|); for training, the parameters' gradients
@@ -65,7 +66,7 @@ def _timed(call) -> float:
 
 def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int) -> dict:
     torch.manual_seed(0)
-    reference = MODELS[name]()
+    reference = MODELS[name]().to(memory_format=FORMATS[fmt])  # PyTorch's recipe: the model and its inputs
     # BatchNorm statistics away from 0 and 1, as a trained model's (a fresh one's are exactly those)
     for module in reference.modules():
         if isinstance(module, torch.nn.BatchNorm2d):

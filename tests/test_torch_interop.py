@@ -566,6 +566,131 @@ def test_convert_gives_the_same_outputs_and_gradients(fmt):
         assert g.shape == g_torch.shape and _relative(g, g_torch) <= CNN_TOLERANCE, name
 
 
+def _weight_order(kind_name, weight):
+    """"convgen" when the weights' memory is convgen's channels-last (kh, kw, in, out) order,
+    "contiguous" when it is PyTorch's (out, in, kh, kw), else "other"."""
+    kind = library.KINDS[kind_name]
+    if weight.permute(kind.weight_to_last).is_contiguous():
+        return "convgen"
+    return "contiguous" if weight.is_contiguous() else "other"
+
+
+@pytest.fixture
+def weight_copies(monkeypatch):
+    """Counts the calls that reorder a copy of the weights instead of reading them where they lie."""
+    counted = []
+    original = library._weight_in_layout
+
+    def counting(kind, weight, last):
+        counted.append(tuple(weight.shape))
+        return original(kind, weight, last)
+
+    monkeypatch.setattr(library, "_weight_in_layout", counting)
+    return counted
+
+
+@pytest.mark.parametrize("wants_gradient", [False, True], ids=["inference", "training"])
+def test_a_modules_weights_are_laid_once_for_the_inputs_layout(wants_gradient, weight_copies):
+    torch.manual_seed(0)
+    original = SmallCNN()
+    converted = copy.deepcopy(original)
+    cgt.convert(converted)
+    parameters = dict(converted.named_parameters())
+    first_weight = parameters["features.0.weight"]
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    with torch.set_grad_enabled(wants_gradient):
+        for _ in range(2):  # the first call plans on the weights as they lie; the second re-lays them
+            converted(x)
+        assert all(_weight_order(kind, converted.get_submodule(name).weight) == "convgen"
+                   for name, kind in zip(CNN_SWAPPED, ["conv2d"] * 3 + ["conv_transpose2d", "conv2d"]))
+        copies_before = len(weight_copies)
+        for _ in range(3):
+            y = converted(x)
+            if wants_gradient:
+                y.sum().backward()
+        assert len(weight_copies) == copies_before, "a call copied weights after they were laid out"
+    assert all(p is parameters[name] for name, p in converted.named_parameters())  # the same Parameters
+    assert first_weight.shape == (8, 3, 3, 3)
+    for (name, theirs), ours in zip(original.state_dict().items(), converted.state_dict().values()):
+        assert torch.equal(theirs, ours), name  # the values did not move, only their memory
+    y, grads = _output_and_gradients(converted, x)
+    y_torch, grads_torch = _output_and_gradients(original, x)
+    assert _relative(y, y_torch) <= CNN_TOLERANCE
+    assert all(_relative(g, g_torch) <= CNN_TOLERANCE for g, g_torch in zip(grads, grads_torch))
+
+    # Calls on the other layout re-lay them back: a copy per call never outlives the layout change.
+    contiguous = x.contiguous()
+    for _ in range(2):
+        converted(contiguous)
+    assert _weight_order("conv2d", first_weight) == "contiguous"
+
+
+def test_laid_out_weights_never_go_stale():
+    """Every write to the weights reaches the kernels: through the optimizer, load_state_dict, and
+    even `.data`, which PyTorch's version counter does not see (no second copy is kept)."""
+    torch.manual_seed(1)
+    original = SmallCNN()
+    converted = copy.deepcopy(original)
+    cgt.convert(converted)
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    ours = torch.optim.SGD(converted.parameters(), lr=1e-3, momentum=0.9)
+    theirs = torch.optim.SGD(original.parameters(), lr=1e-3, momentum=0.9)
+    for _ in range(4):  # (training steps: the weights are laid out on the second)
+        for model, optimizer in ((converted, ours), (original, theirs)):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    assert _weight_order("conv2d", converted.features[0].weight) == "convgen"
+    for (name, a), b in zip(original.named_parameters(), converted.parameters()):
+        assert _relative(b.detach(), a.detach()) <= CNN_TOLERANCE, name
+    with torch.no_grad():
+        assert _relative(converted(x), original(x)) <= CNN_TOLERANCE
+
+    fresh = SmallCNN()
+    converted.load_state_dict(fresh.state_dict())
+    with torch.no_grad():
+        assert _relative(converted(x), fresh(x)) <= CNN_TOLERANCE
+        converted.features[0].weight.data.mul_(-2.0)  # unseen by the version counter
+        fresh.features[0].weight.data.mul_(-2.0)
+        assert _relative(converted(x), fresh(x)) <= CNN_TOLERANCE
+
+
+def test_weights_laid_out_between_a_forward_pass_and_its_backward_pass():
+    """A graph recorded on the weights in one order runs its backward pass after a call on the
+    other layout re-laid them (the saved Bound must not read them as if they had not moved)."""
+    torch.manual_seed(2)
+    original = torch.nn.Conv2d(4, 6, 3, padding=1)
+    converted = cgt.convert(copy.deepcopy(original)).model
+    x = torch.randn(2, 4, 7, 7, requires_grad=True)
+    y = converted(x)  # contiguous: the weights are read as they lie
+    with torch.no_grad():
+        for _ in range(2):
+            converted(x.to(memory_format=torch.channels_last))
+    assert _weight_order("conv2d", converted.weight) == "convgen"
+    grads = torch.autograd.grad(y.square().sum(), (x, converted.weight))  # dx reads the weights
+    wanted = torch.autograd.grad(original(x).square().sum(), (x, original.weight))
+    assert all(_relative(g, w) <= 1e-5 for g, w in zip(grads, wanted))
+
+
+def test_convert_lays_out_a_channels_last_models_weights_at_once():
+    torch.manual_seed(0)
+    model = SmallCNN().to(memory_format=torch.channels_last)
+    cgt.convert(model)
+    assert all(_weight_order(kind, model.get_submodule(name).weight) == "convgen"
+               for name, kind in zip(CNN_SWAPPED, ["conv2d"] * 3 + ["conv_transpose2d", "conv2d"]))
+    contiguous = SmallCNN()
+    cgt.convert(contiguous)
+    assert all(_weight_order("conv2d", contiguous.get_submodule(name).weight) == "contiguous"
+               for name in CNN_SWAPPED)
+    told = SmallCNN()  # contiguous weights, for channels_last inputs: the 1x1 head's too
+    cgt.convert(told, memory_format=torch.channels_last)
+    assert _weight_order("conv2d", told.head.weight) == "convgen"
+    cgt.convert(told, memory_format=torch.contiguous_format)  # (already convgen's: laid back)
+    assert all(_weight_order("conv2d", told.get_submodule(name).weight) == "contiguous" for name in CNN_SWAPPED)
+    with pytest.raises(ValueError, match="memory_format"):
+        cgt.convert(SmallCNN(), memory_format=torch.preserve_format)
+
+
 class Hooked(torch.nn.Conv2d):
     pass
 

@@ -3,7 +3,10 @@
 A module is swapped when its type is exactly one of `TWINS`' keys and convgen computes it: float32
 or float64 weights on the CPU (any padding_mode), no hooks, no parametrization, nothing but its
 weight and bias. The twin holds the very same Parameter objects (an optimizer built before the swap
-keeps working) and the same training flag; everything else in the model is left alone.
+keeps working) and the same training flag; everything else in the model is left alone. The weights
+of a channels_last model are laid out at once in the memory order convgen's channels-last kernels
+read (`convgen.torch.modules`), so that DistributedDataParallel, built after the conversion, records
+the strides they keep.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import dataclasses
 
 import torch
 
-from .library import DTYPES
+from .library import DTYPES, KINDS, relay_weight, weight_in_layout
 from .modules import TWINS
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -73,6 +76,25 @@ def _reason_to_leave(module: torch.nn.Module) -> str | None:
     return None
 
 
+def _channels_last_weight(weight: torch.Tensor) -> bool:
+    """Whether `Module.to(memory_format=torch.channels_last)` laid out these weights (and not only
+    that they have a single pixel or channel, which both layouts share)."""
+    return weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+
+
+def _lay_out(twins: list[torch.nn.Module], memory_format) -> None:
+    """Lay the twins' weights out for inputs of `memory_format` (None: channels_last when some weight
+    of theirs is, as after `model.to(memory_format=torch.channels_last)`, else as they lie)."""
+    if memory_format is None:
+        if not any(_channels_last_weight(twin.weight) for twin in twins):
+            return
+        memory_format = torch.channels_last
+    for twin in twins:
+        kind = KINDS[twin.kind_name]
+        if not weight_in_layout(kind, twin.weight, memory_format is torch.channels_last):
+            relay_weight(kind, twin.weight, memory_format is torch.channels_last)
+
+
 def _twin(module: torch.nn.Module) -> torch.nn.Module:
     """The convgen twin of a PyTorch convolution, holding the same Parameter objects."""
     kwargs = dict(kernel_size=module.kernel_size, stride=module.stride, padding=module.padding,
@@ -90,16 +112,24 @@ def _twin(module: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
-def convert(model: torch.nn.Module) -> ConvertReport:
+def convert(model: torch.nn.Module, *, memory_format=None) -> ConvertReport:
     """Swap, in place, every convolution of `model` that convgen computes for its convgen twin.
 
     Returns a `ConvertReport`: what was swapped and every convolution left in place with the reason.
     The Parameters are shared, not copied. A module reachable by several names is swapped once and
     replaced under all of them. When `model` is itself a convolution it cannot be replaced in place:
     use `report.model`.
+
+    memory_format : the layout of the inputs the model will run on, torch.channels_last or
+        torch.contiguous_format, for which its convgen modules' weights are laid out now (their
+        memory, not their shape or values: see `convgen.torch.modules`). None (the default): channels_last
+        when a weight already is (after `model.to(memory_format=torch.channels_last)`), else as they lie.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if memory_format is not None and memory_format not in (torch.channels_last, torch.contiguous_format):
+        raise ValueError(f"memory_format must be torch.channels_last, torch.contiguous_format or None, "
+                         f"got {memory_format!r}")
     report = ConvertReport(model)
     decided = {}  # id(module) -> its twin, or itself when left
 
@@ -129,6 +159,7 @@ def convert(model: torch.nn.Module) -> ConvertReport:
         report.model = decide("", model)
     else:
         visit(model, "")
+    _lay_out([m for m in report.model.modules() if isinstance(m, tuple(TWINS.values()))], memory_format)
     return report
 
 

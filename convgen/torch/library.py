@@ -146,6 +146,28 @@ def _weight_in_layout(kind: Kind, weight: torch.Tensor, last: bool) -> torch.Ten
     return weight.permute(kind.weight_to_last).contiguous() if last else weight.contiguous()
 
 
+def weight_in_layout(kind: Kind, weight: torch.Tensor, last: bool) -> bool:
+    """Whether the weights' memory already is the layout's order (no copy needed)."""
+    return weight.permute(kind.weight_to_last).is_contiguous() if last else weight.is_contiguous()
+
+
+def relay_weight(kind: Kind, weight: torch.nn.Parameter, last: bool) -> None:
+    """Re-lay a Parameter's memory, in place, in the order the kernels read in the layout: convgen's
+    (*kernel, inner, outer) for channels-last, contiguous for channels-first.
+
+    Its shape, values and identity stay (an optimizer and a state_dict see the same Parameter, as after
+    `Module.to(memory_format=...)`, which also changes a weight's strides). Calls then read the weights
+    where they lie instead of reordering a copy on every call, and a change to their values can never
+    be missed: there is no second copy to go stale.
+    """
+    # (the new memory is an inference tensor exactly when the old one was: one made in inference mode
+    # from a trainable weight could not be trained)
+    with torch.inference_mode(weight.is_inference()), torch.no_grad():
+        detached = weight.detach()
+        weight.data = (detached.permute(kind.weight_to_last).contiguous().permute(kind.weight_from_last)
+                       if last else detached.contiguous())
+
+
 def image_array(kind: Kind, t: torch.Tensor, last: bool) -> np.ndarray:
     """`_in_layout` as a NumPy array (a view: no copy)."""
     return _numpy(_in_layout(kind, t, last))
@@ -360,7 +382,7 @@ class Bound:
     of it runs. `forward` gives y; `gradients` (dx, dw), either alone if only it is needed."""
 
     __slots__ = ("kind", "last", "unbatched", "forward_call", "backward_call", "params", "y_shape",
-                 "x_ready", "weight_ready", "bias_axes")
+                 "x_ready", "weight_ready", "weight_stride", "bias_axes")
 
     def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
         """x is batched; `unbatched`: the calls of this signature give it without its batch dimension."""
@@ -376,15 +398,20 @@ class Bound:
         self.backward_call = None  # planned on the first backward pass
         self.y_shape = self.forward_call.resolved.result_shapes[0]  # in the layout's order
         self.x_ready = x.is_contiguous() if not last else x.permute(kind.to_last).is_contiguous()
-        self.weight_ready = (weight.is_contiguous() if not last
-                             else weight.permute(kind.weight_to_last).is_contiguous())
+        self.weight_ready = weight_in_layout(kind, weight, last)
+        self.weight_stride = weight.stride()
         self.bias_axes = [0, *range(2, kind.spatial + 2)]
 
     def _x(self, x):
         return x if self.x_ready else _in_layout(self.kind, x, self.last)
 
+    def _weight_as_planned(self, weight) -> bool:
+        # (the strides are compared because a module's weight may have been re-laid, by `relay_weight`,
+        # between a forward pass and its backward pass)
+        return self.weight_ready and weight.stride() == self.weight_stride
+
     def _weight(self, weight):
-        return weight if self.weight_ready else _weight_in_layout(self.kind, weight, self.last)
+        return weight if self._weight_as_planned(weight) else _weight_in_layout(self.kind, weight, self.last)
 
     def _image(self, array_shape, like):
         """A new tensor of the layout's shape, as the logical (N, C, *spatial) tensor it holds."""
@@ -441,11 +468,18 @@ class Bound:
                 kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), 0, dx.data_ptr()), threads)
         if need_w:
             xa = self._x(x)
-            dw_array = torch.empty(problem.weight_shape, dtype=dy.dtype)
+            # dw takes the weights' own strides when they lie in the layout's order (the same memory
+            # order, whatever strides their size-1 axes carry): PyTorch's gradient layout contract,
+            # which DistributedDataParallel's buckets check
+            if self._weight_as_planned(weight):
+                dw = torch.empty_strided(weight.shape, weight.stride(), dtype=dy.dtype)
+                dw_address = dw.data_ptr()
+            else:
+                dw_array = torch.empty(problem.weight_shape, dtype=dy.dtype)
+                dw = dw_array.permute(self.kind.weight_from_last) if self.last else dw_array
+                dw_address = dw_array.data_ptr()
             first, second = (dya, xa) if not problem.transpose else (xa, dya)
-            kernels.call_addresses("bwd_weight", problem, (first.data_ptr(), second.data_ptr(), dw_array.data_ptr()),
-                                   threads)
-            dw = dw_array.permute(self.kind.weight_from_last) if self.last else dw_array
+            kernels.call_addresses("bwd_weight", problem, (first.data_ptr(), second.data_ptr(), dw_address), threads)
         return dx, dw
 
 
@@ -541,16 +575,34 @@ def _check_tensors(kind: Kind, x, weight, bias):
         raise ValueError(f"bias must be 1-D (one value per output channel), got shape {tuple(bias.shape)}")
 
 
+def _module_weight_needs_relaying(bound: Bound, weight) -> bool:
+    """Whether a module's weight should be re-laid for this eager call: a Parameter (never a tensor
+    computed from one), not in the order the call's layout reads, and not in a torch.distributed
+    process (DistributedDataParallel's gradient buckets keep the strides the weights had when it was
+    built: a change of them mixes up the gradients it hands back)."""
+    return (not bound.weight_ready and type(weight) is torch.nn.Parameter
+            and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
+
+
 def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
-          padding_mode="zeros"):
+          padding_mode="zeros", *, module_weight=False):
     """Check a public call's arguments, resolve them to the op's explicit lists and run the op (an
-    eager call of a signature checked before runs its `Bound` at once)."""
+    eager call of a signature checked before runs its `Bound` at once).
+
+    `module_weight`: the weight is a convgen module's own Parameter, which the second eager call of a
+    signature re-lays in the memory order its input's layout reads (`relay_weight`), so that no
+    later call copies it (the first call is planned, and runs, on the weight as it lies).
+    """
     key = None
     if _eager(x, weight, bias):
         key = _eager_key(kind_name, x, weight, bias, (stride, padding, output_padding, dilation, groups, algorithm,
                                                       padding_mode, _wants_gradient(x, weight, bias)))
         bound = _BOUND.get(key) if key is not None else None
         if bound is not None:
+            if module_weight and _module_weight_needs_relaying(bound, weight):
+                relay_weight(bound.kind, weight, bound.last)  # then the call is of another signature:
+                return apply(kind_name, x, weight, bias, stride, padding, output_padding, dilation, groups,
+                             algorithm, padding_mode)
             return bound.run(x, weight, bias)
     kind = KINDS[kind_name]
     _check_tensors(kind, x, weight, bias)
@@ -588,4 +640,4 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
     return y.squeeze(0) if unbatched else y
 
 
-__all__ = ["KINDS", "OPS", "Bound", "Kind", "apply", "channels_last", "output_shape"]
+__all__ = ["KINDS", "OPS", "Bound", "Kind", "apply", "channels_last", "output_shape", "relay_weight"]

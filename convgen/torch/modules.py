@@ -5,6 +5,13 @@ initialization, `state_dict` keys and `repr` are PyTorch's; only the forward pas
 custom ops (`convgen.torch.functional`). Each also takes a keyword-only `algorithm` ("auto",
 "direct", "winograd"), as convgen's own ops and layers do. `Conv2d` computes every padding_mode
 PyTorch's does, without padding a copy of the input.
+
+Weights prepared once: the kernels read a channels_last input's weights in convgen's (kh, kw, in, out)
+memory order. `convert` lays a channels_last model's weights out so; an eager call that finds its
+module's weight Parameter in another order than its input's layout reads re-lays the Parameter's
+memory in place, once (its shape, values and identity stay, as after `Module.to(memory_format=...)`),
+instead of reordering a copy on every call. Not in a process of torch.distributed, whose
+DistributedDataParallel keeps the strides the weights had when it was built.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..planning.planner import as_algorithm
-from .functional import conv2d, conv_transpose2d
+from .library import apply
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -29,9 +36,11 @@ class Conv2d(torch.nn.Conv2d):
                          device, dtype)
         self.algorithm = as_algorithm(algorithm)
 
+    kind_name = "conv2d"  # (convgen.torch.library.KINDS)
+
     def _conv_forward(self, input, weight, bias):
-        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                      algorithm=self.algorithm, padding_mode=self.padding_mode)
+        return apply(self.kind_name, input, weight, bias, self.stride, self.padding, 0, self.dilation, self.groups,
+                     self.algorithm, self.padding_mode, module_weight=weight is self.weight)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -51,13 +60,15 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
                          dilation, padding_mode, device, dtype)
         self.algorithm = as_algorithm(algorithm)
 
+    kind_name = "conv_transpose2d"
+
     def forward(self, input, output_size=None):
         if self.padding_mode != "zeros":  # PyTorch's own check, which its constructor also makes
             raise ValueError(f"Only 'zeros' padding mode is supported for ConvTranspose2d, got {self.padding_mode!r}")
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               len(self.kernel_size), self.dilation)
-        return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
-                                self.groups, self.dilation, algorithm=self.algorithm)
+        return apply(self.kind_name, input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                     self.dilation, self.groups, self.algorithm, module_weight=True)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
