@@ -163,9 +163,8 @@ def relay_weight(kind: Kind, weight: torch.nn.Parameter, last: bool) -> None:
     # (the new memory is an inference tensor exactly when the old one was: one made in inference mode
     # from a trainable weight could not be trained)
     with torch.inference_mode(weight.is_inference()), torch.no_grad():
-        detached = weight.detach()
-        weight.data = (detached.permute(kind.weight_to_last).contiguous().permute(kind.weight_from_last)
-                       if last else detached.contiguous())
+        laid = _weight_in_layout(kind, weight.detach(), last)
+        weight.data = laid.permute(kind.weight_from_last) if last else laid
 
 
 def image_array(kind: Kind, t: torch.Tensor, last: bool) -> np.ndarray:

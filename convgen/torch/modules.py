@@ -2,9 +2,9 @@
 
 `Conv2d` and `ConvTranspose2d` subclass PyTorch's own modules: the constructor, the parameters, their
 initialization, `state_dict` keys and `repr` are PyTorch's; only the forward pass runs convgen's
-custom ops (`convgen.torch.functional`). Each also takes a keyword-only `algorithm` ("auto",
-"direct", "winograd"), as convgen's own ops and layers do. `Conv2d` computes every padding_mode
-PyTorch's does, without padding a copy of the input.
+kernels, through the path `convgen.torch.functional` takes (`convgen.torch.library.apply`). Each also
+takes a keyword-only `algorithm` ("auto", "direct", "winograd"), as convgen's own ops and layers do.
+`Conv2d` computes every padding_mode PyTorch's does, without padding a copy of the input.
 
 Weights prepared once: the kernels read a channels_last input's weights in convgen's (kh, kw, in, out)
 memory order. `convert` lays a channels_last model's weights out so; an eager call that finds its
