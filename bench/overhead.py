@@ -49,15 +49,16 @@ def measure(specialize: bool, repeat: int) -> dict:
     fwd, bwd_data, bwd_weight = (getattr(m.lib, spec.symbol(entry)) for entry, m in modules.items())
     ptr = {name: modules["fwd"].ffi.from_buffer("float[]", a) for name, a in
            dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
+    null = modules["fwd"].ffi.NULL  # no prepared weights: the kernels lay them out on each call, as the ops do
     funcs = {
         "conv2d": lambda: convgen.conv2d(x, w, b, out=y, **kw),
-        "conv2d C only": lambda: fwd(ptr["x"], ptr["w"], ptr["b"], ptr["y"], *args),
+        "conv2d C only": lambda: fwd(ptr["x"], ptr["w"], null, ptr["b"], ptr["y"], *args),
         "conv2d_backward": lambda: convgen.conv2d_backward(dy, x, w, out=grads, **kw),
-        "conv2d_backward C only": lambda: (bwd_data(ptr["dy"], ptr["w"], ptr["dx"], *args),
+        "conv2d_backward C only": lambda: (bwd_data(ptr["dy"], ptr["w"], null, ptr["dx"], *args),
                                            bwd_weight(ptr["dy"], ptr["x"], ptr["dw"], *args),
                                            np.sum(dy, axis=(0, 2, 3), out=grads[2])),
         "conv_transpose2d": lambda: convgen.conv_transpose2d(y, w, out=t, **kw),
-        "conv_transpose2d C only": lambda: bwd_data(ptr["y"], ptr["w"], ptr["t"], *args),
+        "conv_transpose2d C only": lambda: bwd_data(ptr["y"], ptr["w"], null, ptr["t"], *args),
     }
     seconds = time_alternating(funcs, repeat=repeat, min_time=0.05)
     return {name: s * 1e6 for name, s in seconds.items()}

@@ -12,6 +12,7 @@ from .runtime.cache import CacheError, cache_clear, cache_info
 from .runtime.build import BuildError
 from .runtime.kernels import configure, get_kernels, build_all, num_threads, set_num_threads
 from .frontend.ops import conv2d, conv2d_backward, conv_transpose2d, conv_transpose2d_backward
+from .frontend.prepared import PreparedConv, prepare_conv2d, prepare_conv_transpose2d
 from .frontend.ndops import (conv1d, conv1d_backward, conv_transpose1d, conv_transpose1d_backward, conv3d,
                              conv3d_backward, conv_transpose3d, conv_transpose3d_backward)
 from .frontend.layers import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
@@ -20,6 +21,7 @@ from . import reference
 
 __all__ = [
     "conv2d", "conv2d_backward", "conv_transpose2d", "conv_transpose2d_backward", "Conv2d", "ConvTranspose2d",
+    "prepare_conv2d", "prepare_conv_transpose2d", "PreparedConv",
     "conv1d", "conv1d_backward", "conv_transpose1d", "conv_transpose1d_backward",
     "conv3d", "conv3d_backward", "conv_transpose3d", "conv_transpose3d_backward",
     "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose3d",

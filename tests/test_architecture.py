@@ -124,6 +124,7 @@ PUBLIC = [
     "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose3d",
     "ConvSpec", "Window", "get_kernels", "build_all", "configure", "num_threads", "set_num_threads",
     "cache_info", "cache_clear", "CacheError", "BuildError", "reference",
+    "prepare_conv2d", "prepare_conv_transpose2d", "PreparedConv",
 ]
 
 

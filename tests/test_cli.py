@@ -360,7 +360,7 @@ int main(int argc, char **argv)
         {real} *x = read_reals(in, nx), *weight = read_reals(in, nw), *bias = read_reals(in, {f});
         result = malloc(sizeof({real}) * (size_t)ny);
         count = ny;
-        status = {fwd}(x, weight, bias, result, {n}, {c}, {h}, {w}, {f}, {ho}, {wo}, 1{window}, nthreads);
+        status = {fwd}(x, weight, NULL, bias, result, {n}, {c}, {h}, {w}, {f}, {ho}, {wo}, 1{window}, nthreads);
     }} else {{
         {real} *dy = read_reals(in, ny), *x = read_reals(in, nx);
         result = malloc(sizeof({real}) * (size_t)nw);

@@ -627,7 +627,7 @@ def test_a_modules_weights_are_laid_once_for_the_inputs_layout(wants_gradient, w
 
 def test_laid_out_weights_never_go_stale():
     """Every write to the weights reaches the kernels: through the optimizer, load_state_dict, and
-    even `.data`, which PyTorch's version counter does not see (no second copy is kept)."""
+    `.data`, which PyTorch's version counter does not see, once the kept layouts are forgotten."""
     torch.manual_seed(1)
     original = SmallCNN()
     converted = copy.deepcopy(original)
@@ -650,9 +650,128 @@ def test_laid_out_weights_never_go_stale():
     converted.load_state_dict(fresh.state_dict())
     with torch.no_grad():
         assert _relative(converted(x), fresh(x)) <= CNN_TOLERANCE
+        assert _relative(converted(x), fresh(x)) <= CNN_TOLERANCE  # (the second call: laid out now)
         converted.features[0].weight.data.mul_(-2.0)  # unseen by the version counter
         fresh.features[0].weight.data.mul_(-2.0)
+        cgt.forget_laid_out_weights()
         assert _relative(converted(x), fresh(x)) <= CNN_TOLERANCE
+
+
+@pytest.fixture
+def layouts_made(monkeypatch):
+    """Counts the weights laid out for the kernels once (`Kernels.prepare_weights`), by entry point."""
+    made = []
+    original = kernels.Kernels.prepare_weights
+
+    def counting(self, entry, problem, weight, nthreads=None):
+        made.append(entry)
+        return original(self, entry, problem, weight, nthreads)
+
+    monkeypatch.setattr(kernels.Kernels, "prepare_weights", counting)
+    return made
+
+
+def _deep_pair(seed):
+    """A PyTorch stack and its converted copy; the last two layers share one call signature (one Bound)."""
+    torch.manual_seed(seed)
+    original = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1),
+                                   torch.nn.Conv2d(16, 16, 3, padding=1)).eval()
+    converted = copy.deepcopy(original)
+    cgt.convert(converted)
+    return original, converted
+
+
+def test_inference_lays_each_weight_out_once(layouts_made):
+    original, converted = _deep_pair(3)
+    x = torch.randn(2, 8, 9, 9)
+    with torch.inference_mode():
+        for call in range(4):
+            assert _relative(converted(x), original(x)) <= 1e-5, call
+            # none on the first call (a training step would change them before the next), each of
+            # the three weights on the second, none after
+            assert len(layouts_made) == (0 if call == 0 else 3), call
+    cgt.forget_laid_out_weights()
+    with torch.inference_mode():
+        converted(x)
+        converted(x)
+    assert len(layouts_made) == 6
+
+
+def test_training_steps_never_lay_weights_out_ahead(layouts_made):
+    original, converted = _deep_pair(4)
+    x = torch.randn(2, 8, 9, 9)
+    ours, theirs = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (converted, original))
+    for _ in range(3):
+        for model, optimizer in ((converted, ours), (original, theirs)):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    assert layouts_made == []  # every call saw new weights: the kernels laid them out themselves
+    for a, b in zip(original.parameters(), converted.parameters()):
+        assert _relative(b.detach(), a.detach()) <= 1e-5
+    with torch.no_grad():  # evaluation after the steps: laid out on its second call, the values the steps left
+        for _ in range(3):
+            assert _relative(converted(x), original(x)) <= 1e-5
+
+
+def test_laid_out_weights_follow_every_change_the_version_counter_sees():
+    original, converted = _deep_pair(5)
+    x = torch.randn(1, 8, 9, 9)
+
+    def agree(note):
+        with torch.no_grad():
+            for _ in range(3):  # the first call records the values, the second lays them out, the third reads them
+                assert _relative(converted(x), original(x)) <= 1e-5, note
+
+    agree("start")
+    with torch.no_grad():  # in place, through the Parameter
+        for model in (original, converted):
+            model[1].weight.mul_(-3.0)
+    agree("mul_")
+    with torch.no_grad():  # through a view, and through detach(), which share the version counter
+        for model in (original, converted):
+            model[2].weight[:4].zero_()
+            model[0].weight.detach().add_(1.0)
+    agree("views")
+    fresh = copy.deepcopy(original)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.normal_()
+    for model in (original, converted):
+        model.load_state_dict(fresh.state_dict())
+    agree("load_state_dict")
+    replacement = torch.randn_like(original[1].weight)
+    for model in (original, converted):  # a new Parameter, at a new address
+        model[1].weight = torch.nn.Parameter(replacement.clone())
+    torch.nn.init.kaiming_normal_(original[2].weight)  # torch.nn.init writes in place, under no_grad
+    with torch.no_grad():
+        converted[2].weight.copy_(original[2].weight)
+    agree("new parameters")
+    original, converted = original.double(), converted.double()  # dtype: new tensors, new signatures
+    x = x.double()
+    agree("double")
+
+
+def test_laid_out_weights_serve_concurrent_calls():
+    original, converted = _deep_pair(6)
+    inputs = [torch.randn(1, 8, 9, 9) for _ in range(4)]
+    with torch.no_grad():
+        wanted = [original(x) for x in inputs]
+        converted(inputs[0])
+    results = {}
+
+    def run(index):
+        with torch.no_grad():
+            for _ in range(5):
+                results[index] = converted(inputs[index])
+
+    import threading
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert all(_relative(results[i], wanted[i]) <= 1e-5 for i in range(4))
 
 
 def test_weights_laid_out_between_a_forward_pass_and_its_backward_pass():

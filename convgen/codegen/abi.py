@@ -41,16 +41,26 @@ class EntryPoint:
 ENTRY_POINTS = {
     entry.name: entry for entry in (
         # y = conv2d(x, weight) + bias (bias may be NULL); returns 0, or 1 if its workspace could not be allocated.
-        EntryPoint("fwd", "int", (("const real *", "x"), ("const real *", "weight"), ("const real *", "bias"),
-                                  ("real *", "y"))),
-        # dx = conv2d's input gradient given dy (also conv_transpose2d of dy); returns 0 or 1.
-        EntryPoint("bwd_data", "int", (("const real *", "dy"), ("const real *", "weight"), ("real *", "dx"))),
+        # `prepared`: NULL, or what `prepare` made of these weights for this op and these sizes, read
+        # instead of laying the weights out again (`weight` is then not read).
+        EntryPoint("fwd", "int", (("const real *", "x"), ("const real *", "weight"), ("const real *", "prepared"),
+                                  ("const real *", "bias"), ("real *", "y"))),
+        # dx = conv2d's input gradient given dy (also conv_transpose2d of dy); returns 0 or 1. `prepared` as fwd's.
+        EntryPoint("bwd_data", "int", (("const real *", "dy"), ("const real *", "weight"), ("const real *", "prepared"),
+                                       ("real *", "dx"))),
         # dweight = conv2d's weight gradient given dy and x; returns 0 or 1.
         EntryPoint("bwd_weight", "int", (("const real *", "dy"), ("const real *", "x"), ("real *", "dweight"))),
         # Bytes of workspace the kernel of op `op` allocates for these sizes.
         EntryPoint("workspace", "int64_t", op=True),
         # Threads the kernel of op `op` runs on for these sizes (at most nthreads).
         EntryPoint("threads", "int", op=True),
+        # Reals of op `op`'s prepared weights for these sizes (what `prepare` writes); 0 if the op
+        # reads the weights as they are (the weight gradient; families with nothing to lay out).
+        EntryPoint("prepared_size", "int64_t", op=True),
+        # Write into `prepared` (prepared_size reals, CG_ALIGN-aligned) the weights laid out as op `op`
+        # reads them for these sizes: its packed panels or transformed filters, made once and passed
+        # to every later call as `prepared`. Returns 0, or 1 if its scratch could not be allocated.
+        EntryPoint("prepare", "int", (("const real *", "weight"), ("real *", "prepared")), op=True),
     )
 }
 
@@ -60,9 +70,11 @@ OP_IDS = {"fwd": 0, "bwd_data": 1, "bwd_weight": 2}
 OP_TITLES = {"fwd": "forward", "bwd_data": "input gradient", "bwd_weight": "weight gradient"}
 # The ops, each with its own entry point. A module carries one or more of them (the runtime builds one
 # module per op, so a call compiles only what it runs; an export carries all three), and always the
-# queries, which answer for every op.
+# queries (and `prepare`), which answer for every op.
 OPS = tuple(OP_IDS)
-QUERIES = ("workspace", "threads")
+QUERIES = ("workspace", "threads", "prepared_size", "prepare")
+# The bytes every prepared buffer is aligned to (the templates' CG_ALIGN).
+PREPARED_ALIGN = 64
 
 
 def as_ops(ops) -> tuple[str, ...]:
@@ -123,6 +135,6 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
                      PADDING_MODE_IDS[window.padding_mode])
 
 
-__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "as_ops", "module_entries",
+__all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "PREPARED_ALIGN", "as_ops", "module_entries",
            "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature", "signatures", "cdef",
            "size_arguments"]

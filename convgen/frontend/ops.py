@@ -134,9 +134,9 @@ def _forward(call: _Call, x, w, bias, out):
     if call.empty:  # no input values: every output is the bias alone
         y[...] = 0 if bias is None else bias.reshape(_BIAS_SHAPE[problem.layout])
     elif not problem.transpose:
-        call.kernels().call("fwd", problem, (x, w, bias, y))
+        call.kernels().call("fwd", problem, (x, w, None, bias, y))
     else:
-        call.kernels().call("bwd_data", problem, (x, w, y))
+        call.kernels().call("bwd_data", problem, (x, w, None, y))
         if bias is not None:
             y += bias.reshape(_BIAS_SHAPE[problem.layout])
     return y
@@ -155,11 +155,11 @@ def _backward(call: _Call, dy, x, w, out):
         dw.fill(0)
     elif not problem.transpose:
         kernels = call.kernels()
-        kernels.call("bwd_data", problem, (dy, w, dx))
+        kernels.call("bwd_data", problem, (dy, w, None, dx))
         kernels.call("bwd_weight", problem, (dy, x, dw))
     else:  # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged
         kernels = call.kernels()
-        kernels.call("fwd", problem, (dy, w, None, dx))
+        kernels.call("fwd", problem, (dy, w, None, None, dx))
         kernels.call("bwd_weight", problem, (x, dy, dw))
     _bias_gradient(dy, problem.layout, db)
     return dx, dw, db

@@ -19,6 +19,8 @@ import os
 import platform
 import threading
 
+import numpy as np
+
 from ..codegen import abi
 from .._version import __version__
 from .build import Toolchain, build_module, default_toolchain, python_abi
@@ -221,6 +223,34 @@ class Kernels:
     def threads(self, entry: str, problem: Problem, nthreads: int | None = None) -> int:
         """Threads entry point `entry` runs on for `problem` (at most nthreads, default `num_threads()`)."""
         return self._query("threads", entry, problem, nthreads)
+
+    def prepared_size(self, entry: str, problem: Problem) -> int:
+        """Elements of `entry`'s prepared weights for `problem`; 0 if it reads the weights as they are."""
+        return self._query("prepared_size", entry, problem, 1)
+
+    def prepare_weights(self, entry: str, problem: Problem, weight, nthreads: int | None = None):
+        """The weights laid out once as entry point `entry` ("fwd" or "bwd_data") reads them for
+        `problem` (its packed panels, or Winograd's transformed filters): an aligned array to pass as
+        the entry's `prepared` argument (`call`, `call_addresses`) instead of laying them out on every
+        call, valid while the weights keep their values; None when the entry reads them as they are.
+
+        weight: as `call` takes it (C-contiguous, the spec's dtype, the problem's weight shape), or
+        the address of such memory (an int). MemoryError if the kernel's scratch could not be had.
+        """
+        size = self.prepared_size(entry, problem)
+        if size == 0:
+            return None
+        _, from_buffer, _, cast = self._entry(entry)
+        dtype = np.dtype(self.spec.dtype)
+        raw = np.empty(size * dtype.itemsize + abi.PREPARED_ALIGN, np.uint8)
+        start = -raw.ctypes.data % abi.PREPARED_ALIGN
+        prepared = raw[start:start + size * dtype.itemsize].view(dtype)  # (holds `raw`, its base)
+        weight_pointer = cast(self._c_pointer, weight) if isinstance(weight, int) else from_buffer(self._c_array, weight, False)
+        status = self._queries[entry]["prepare"](abi.OP_IDS[entry], weight_pointer, from_buffer(self._c_array, prepared, True),
+                                                 *self._sizes(problem), nthreads or num_threads())
+        if status != 0:
+            raise MemoryError(f"convgen kernel {self.spec} could not allocate the scratch to prepare its weights")
+        return prepared
 
 
 _lock = threading.Lock()

@@ -35,16 +35,20 @@ _MODE_DOCS = {"reflect": "the image mirrored at its edge, the edge not repeated;
 _OP_DOCS = {
     "fwd": """\
 Forward convolution (cross-correlation, as PyTorch's conv2d): y = conv2d(x, weight) + bias.
-  x       input images {x}
-  weight  filters {weight}
-  bias    one per output channel (f), or NULL for none
-  y       output images {y}, overwritten
+  x         input images {x}
+  weight    filters {weight}
+  prepared  NULL, or what `prepare` made of these filters for op 0 and these sizes: then read
+            instead of weight (which may be NULL), saving the filters' layout on every call
+  bias      one per output channel (f), or NULL for none
+  y         output images {y}, overwritten
 Returns 0, or 1 if the scratch memory could not be allocated (y is then left untouched).""",
     "bwd_data": """\
 Input gradient: dx = dL/dx given dy = dL/dy, for the forward convolution of the same sizes.
-  dy      output gradient, shaped as y {y}
-  weight  filters {weight}
-  dx      input gradient, shaped as x {x}, overwritten
+  dy        output gradient, shaped as y {y}
+  weight    filters {weight}
+  prepared  NULL, or what `prepare` made of these filters for op 1 and these sizes (as for the
+            forward convolution)
+  dx        input gradient, shaped as x {x}, overwritten
 This is also the transposed convolution (conv_transpose2d): its input is dy, its output is dx,
 its weights are this weight; pass f = C_in, (ho, wo) = its input size, c = C_out and (h, w) = its
 output size. Add its bias yourself.
@@ -64,6 +68,16 @@ The kernels allocate it themselves; this is for planning only.""",
 Threads one call of op `op` runs on for these sizes: at most nthreads, fewer when the work
 is too small to share, 1 when built without OpenMP;
   op: {ops}.""",
+    "prepared_size": """Elements (of the dtype) of op `op`'s prepared filters for these sizes: what `prepare` writes.
+0 when the op reads the filters as they are (the weight gradient always; some kernels for every op);
+  op: {ops}.""",
+    "prepare": """Lay out the filters once as op `op` reads them for these sizes (packed panels, or Winograd's
+transformed filters), into `prepared`: prepared_size(...) elements, 64-byte aligned. Pass it as
+`prepared` to every call of that op with these sizes while the filters keep their values;
+prepare again after they change.
+  weight    filters {weight}
+  op: {ops}.
+Returns 0, or 1 if the scratch memory could not be allocated.""",
 }
 
 def _op_ids_doc() -> str:

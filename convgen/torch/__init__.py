@@ -8,7 +8,9 @@
 The ops are registered as ``torch.ops.convgen.conv2d`` and ``torch.ops.convgen.conv_transpose2d``
 (with their gradients ``..._backward``): autograd, `torch.compile` and `torch.export` treat them as
 PyTorch's own. float32 and float64 CPU tensors; contiguous tensors are computed in convgen's NCHW
-layout, channels_last ones in NHWC, both without copying the input.
+layout, channels_last ones in NHWC, both without copying the input. A weight called twice with the same
+values (inference) is laid out for the kernels once and kept until PyTorch's version counter says it
+changed; after writes that counter cannot see (`.data`, NumPy views), call `forget_laid_out_weights()`.
 
 Importable only where PyTorch (2.4 or newer: `torch.library.custom_op`) is installed; convgen itself
 does not need it.
@@ -25,6 +27,8 @@ if not hasattr(torch.library, "custom_op"):
 
 from .convert import ConvertReport, convert  # noqa: E402
 from .functional import conv2d, conv_transpose2d  # noqa: E402
+from .library import forget_laid_out_weights  # noqa: E402
 from .modules import Conv2d, ConvTranspose2d  # noqa: E402
 
-__all__ = ["conv2d", "conv_transpose2d", "Conv2d", "ConvTranspose2d", "convert", "ConvertReport"]
+__all__ = ["conv2d", "conv_transpose2d", "Conv2d", "ConvTranspose2d", "convert", "ConvertReport",
+           "forget_laid_out_weights"]

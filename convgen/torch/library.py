@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -255,7 +256,9 @@ def _define(kind: Kind):
     def forward(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
                  padding_mode="zeros"):
         params = (stride, padding, output_padding, dilation, groups, algorithm, padding_mode)
-        return bound_call(kind, x, weight, bias, params).forward(x, weight, bias)
+        # (below autograd: whether the weights are being trained is not known here, so only weights
+        # that cannot be are laid out once)
+        return bound_call(kind, x, weight, bias, params).forward(x, weight, bias, trained=weight.requires_grad)
 
     def forward_fake(x, weight, bias, stride, padding, output_padding, dilation, groups, algorithm,
                       padding_mode="zeros"):
@@ -376,12 +379,76 @@ def _eager_key(kind_name, x, weight, bias, params):
         return None
 
 
+class LaidOut:
+    """One entry point's weights laid out once (`Kernels.prepare_weights`: packed panels, Winograd's
+    transformed filters), for as long as the weight tensor keeps its values.
+
+    Only weights no gradient is taken of (inference: `torch.no_grad`, `torch.inference_mode`, or
+    weights that do not require it), and only from the second call that sees the same values: a weight
+    that will be trained is never laid out ahead (its calls lay it out themselves, as before), and
+    neither is one that `torch.autograd.gradcheck` perturbs. "The same values" is PyTorch's own test:
+    the same tensor object, data pointer and version counter, which every in-place change through
+    the tensor, its views or `detach()` bumps (optimizer steps, `load_state_dict`, `torch.nn.init`,
+    `copy_`). Writes through `.data` or a NumPy view are invisible to it, as they are to autograd:
+    after them, `forget_laid_out_weights()`.
+    """
+
+    __slots__ = ("entry", "states")
+    _NOTHING = False  # the entry reads these weights as they are: nothing to lay out
+
+    def __init__(self, entry: str):
+        self.entry = entry
+        # id(weight) -> (weakref to it, its data pointer, version, the kernels, laid out | None | _NOTHING),
+        # one per weight tensor: layers of the same signature (ResNet's repeated blocks) share a Bound
+        self.states: dict = {}
+
+    def get(self, kernels, problem, weight, threads: int, trained: bool):
+        """The laid-out weights for this call, or None (the kernels lay them out themselves). `trained`:
+        a gradient of the weights is being taken (their values will change, or are being perturbed)."""
+        if trained or torch.is_inference(weight):  # (an inference tensor has no version counter)
+            return None
+        key, address, version = id(weight), weight.data_ptr(), weight._version
+        state = self.states.get(key)
+        if (state is None or state[0]() is not weight or state[1] != address or state[2] != version
+                or state[3] is not kernels):
+            # seen once with these values: not laid out yet (a training step changes them before the next call)
+            self.states[key] = (weakref.ref(weight, functools.partial(self._dropped, key)), address, version,
+                                kernels, None)
+            return None
+        laid_out = state[4]
+        if laid_out is None:  # the second call with these values
+            laid_out = kernels.prepare_weights(self.entry, problem, address, threads)
+            laid_out = self._NOTHING if laid_out is None else laid_out
+            self.states[key] = (*state[:4], laid_out)
+        return None if laid_out is self._NOTHING else laid_out
+
+    def _dropped(self, key, reference) -> None:
+        """The weight tensor is gone: so is its layout (unless its id already names another's)."""
+        state = self.states.get(key)
+        if state is not None and state[0] is reference:
+            del self.states[key]
+
+
+def forget_laid_out_weights() -> None:
+    """Drop every weight layout kept for eager calls (`LaidOut`): the next calls lay them out afresh.
+    For programs that write weights where PyTorch's version counter does not see it (`.data`, NumPy)."""
+    for bound in list(_BOUND.values()):
+        bound.forward_weights.states.clear()
+        bound.input_gradient_weights.states.clear()
+
+
+def _address(array) -> int:
+    return 0 if array is None else array.ctypes.data
+
+
 class Bound:
     """An eager call signature, checked and planned once by convgen's own front end: what each call
-    of it runs. `forward` gives y; `gradients` (dx, dw), either alone if only it is needed."""
+    of it runs. `forward` gives y; `gradients` (dx, dw), either alone if only it is needed. The
+    weights of the forward pass and of the input gradient are laid out once per weight value
+    (`LaidOut`)."""
 
     __slots__ = ("kind", "last", "unbatched", "forward_call", "backward_call", "params", "y_shape",
-                 "x_ready", "weight_ready", "weight_stride", "bias_axes")
+                 "x_ready", "weight_ready", "weight_stride", "bias_axes", "forward_weights", "input_gradient_weights")
 
     def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
         """x is batched; `unbatched`: the calls of this signature give it without its batch dimension."""
@@ -400,6 +467,9 @@ class Bound:
         self.weight_ready = weight_in_layout(kind, weight, last)
         self.weight_stride = weight.stride()
         self.bias_axes = [0, *range(2, kind.spatial + 2)]
+        transpose = self.forward_call.problem.transpose
+        self.forward_weights = LaidOut("bwd_data" if transpose else "fwd")
+        self.input_gradient_weights = LaidOut("fwd" if transpose else "bwd_data")
 
     def _x(self, x):
         return x if self.x_ready else _in_layout(self.kind, x, self.last)
@@ -423,20 +493,30 @@ class Bound:
             return _run_batched(self, x.unsqueeze(0), weight, bias).squeeze(0)
         return _run_batched(self, x, weight, bias)
 
-    def forward(self, x, weight, bias):
+    def _laid_out(self, which: LaidOut, kernels, problem, weight, threads: int, trained: bool) -> int:
+        """The address of `which`'s laid-out weights for this call, or 0: the kernels lay them out."""
+        if not self._weight_as_planned(weight):  # (a copy in the layout's order, new on every call)
+            return 0
+        return _address(which.get(kernels, problem, weight, threads, trained))
+
+    def forward(self, x, weight, bias, trained: bool):
+        """y; `trained`: a gradient of the weights will be taken (they are not laid out ahead)."""
         call = self.forward_call
         problem = call.problem
         xa, wa = self._x(x), self._weight(weight)
         y = self._image(self.y_shape, x)
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
-        elif not problem.transpose:
-            bias_address = 0 if bias is None else bias.contiguous().data_ptr()
-            call.kernels().call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), bias_address, y.data_ptr()),
-                                          torch.get_num_threads())
         else:
-            call.kernels().call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), y.data_ptr()),
-                                          torch.get_num_threads())
+            kernels, threads = call.kernels(), torch.get_num_threads()
+            laid_out = self._laid_out(self.forward_weights, kernels, problem, weight, threads, trained)
+            if not problem.transpose:
+                bias_address = 0 if bias is None else bias.contiguous().data_ptr()
+                kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), laid_out, bias_address,
+                                                        y.data_ptr()), threads)
+            else:
+                kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), laid_out, y.data_ptr()),
+                                       threads)
         if bias is not None and (call.empty or problem.transpose):
             y += bias.view(-1, *([1] * self.kind.spatial))
         return y
@@ -461,10 +541,15 @@ class Bound:
         dx = dw = None
         if need_x:
             dx = self._image(problem.input_shape, dy)
+            # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
+            laid_out = self._laid_out(self.input_gradient_weights, kernels, problem, weight, threads,
+                                      weight.requires_grad)
             if not problem.transpose:
-                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), dx.data_ptr()), threads)
+                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), laid_out, dx.data_ptr()),
+                                       threads)
             else:
-                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), 0, dx.data_ptr()), threads)
+                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), laid_out, 0, dx.data_ptr()),
+                                       threads)
         if need_w:
             xa = self._x(x)
             # dw takes the weights' own strides when they lie in the layout's order (the same memory
@@ -490,7 +575,7 @@ class _EagerAutograd(torch.autograd.Function):
     def forward(ctx, bound, x, weight, bias):
         ctx.bound = bound
         ctx.save_for_backward(x, weight)
-        return bound.forward(x, weight, bias)
+        return bound.forward(x, weight, bias, trained=weight.requires_grad)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -511,7 +596,7 @@ def _wants_gradient(x, weight, bias) -> bool:
 def _run_batched(bound: Bound, x, weight, bias):
     if _wants_gradient(x, weight, bias):
         return _EagerAutograd.apply(bound, x, weight, bias)
-    return bound.forward(x, weight, bias)
+    return bound.forward(x, weight, bias, trained=False)
 
 
 def _remember(key, bound) -> None:
