@@ -115,8 +115,8 @@ def test_a_module_of_one_op_carries_that_op_only(schedule, family, layout, speci
     for op in OPS:
         alone = render(spec, schedule, ops=(op,))
         assert alone.ops == (op,)
-        assert set(alone.symbols) == {op, "workspace", "threads"}
-        assert alone.cdef.count(";") == 3 and spec.symbol(op) in alone.cdef
+        assert set(alone.symbols) == {op, "workspace", "threads", "prepared_size", "prepare"}
+        assert alone.cdef.count(";") == 5 and spec.symbol(op) in alone.cdef
         others = [other for other in OPS if other != op]
         assert spec.symbol(op) in alone.source and not any(spec.symbol(o) in alone.source for o in others)
         assert OWN_KERNELS[family, layout][op] in alone.source
