@@ -1,0 +1,64 @@
+"""The ways the direct kernels share a call among threads and lay out its operands, each against the
+reference on the shapes that take it (the broad grids elsewhere pick their shapes for other reasons):
+
+- the NCHW pixel-row forward pass of deep layers on small images, whose threads split the column tiles
+  (filters) of one block of pixels, its padded rows copied once for all of them;
+- the weight gradient through panels of several small images in one unit, their pixels one depth,
+  and split by filters when the pixels are fewer than the filters;
+- the NHWC phase planes split 16 channels at a time, every padding mode, and a per-image forward pass
+  of small groups that splits an image once for all of its groups;
+- the NHWC forward pass of a 1x1 window over many channels and few filters (pixel rows).
+
+Every window here is one the test grid builds anyway (tests/grid.py).
+"""
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import reference
+from helpers import seeded_rng, to_layout
+
+TOLERANCE = {np.float32: 2e-5, np.float64: 1e-12}
+
+# (n, c, h, w, f, kernel, stride, padding, dilation, groups, padding_mode, layout)
+CASES = {
+    "nchw deep, small image": (1, 96, 5, 5, 160, 3, 1, 1, 1, 1, "zeros", "NCHW"),
+    "nchw deep, batch of tiny images": (6, 64, 3, 4, 130, 3, 2, 1, 1, 1, "zeros", "NCHW"),
+    "nchw deep, grouped": (2, 64, 4, 4, 192, 3, 1, 1, 1, 2, "zeros", "NCHW"),
+    # (the pixel rows take the weight gradient of fewer weights: these are 3 x 3 x 64 x 512 and x 480)
+    "dW units of several images": (6, 64, 4, 4, 512, 3, 1, 1, 1, 1, "zeros", "NCHW"),
+    "dW units of several images, dilated": (5, 64, 7, 7, 480, 3, 1, 1, 2, 1, "zeros", "NCHW"),
+    "nhwc small groups, per image": (5, 48, 9, 8, 48, 3, 1, 1, 1, 24, "zeros", "NHWC"),
+    "nhwc small groups, strided": (4, 20, 10, 9, 10, 3, 2, 1, 1, 5, "zeros", "NHWC"),
+    "nhwc planes in blocks, reflect": (2, 37, 8, 9, 3, 3, 1, 1, 1, 1, "reflect", "NHWC"),
+    "nhwc planes in blocks, circular": (1, 18, 9, 8, 2, (5, 3), 2, ((2, 2), (1, 1)), 1, 1, "circular", "NHWC"),
+    "nhwc 1x1, many channels to few": (3, 40, 7, 6, 3, 1, 1, 0, 1, 1, "zeros", "NHWC"),
+    "nhwc 1x1, to one filter": (2, 16, 5, 9, 1, 1, 1, 0, 1, 1, "zeros", "NHWC"),
+}
+
+
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_gradients_match_the_reference(name, dtype, specialize):
+    n, c, h, w, f, kernel, stride, padding, dilation, groups, mode, layout = CASES[name]
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    rng = seeded_rng("work splits", name, dtype)
+    x = rng.standard_normal((n, c, h, w))
+    weight = rng.standard_normal((f, c // groups, kh, kw))
+    bias = rng.standard_normal(f)
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, padding_mode=mode)
+    want = reference.conv2d(x, weight, bias, **kwargs)
+    dy = rng.standard_normal(want.shape)
+    want_dx, want_dw, _ = reference.conv2d_backward(dy, x, weight, **kwargs)
+    xl, wl = to_layout(x.astype(dtype), weight.astype(dtype), layout)
+    dyl = to_layout(dy.astype(dtype), weight, layout)[0]
+    options = dict(kwargs, layout=layout, algorithm="direct", specialize=specialize)
+    y = convgen.conv2d(xl, wl, bias.astype(dtype), **options)
+    dx, dw, _ = convgen.conv2d_backward(dyl, xl, wl, **options)
+    if layout == "NHWC":  # back to NCHW and PyTorch's weight order for the comparison
+        y, dx, dw = y.transpose(0, 3, 1, 2), dx.transpose(0, 3, 1, 2), dw.transpose(3, 2, 0, 1)
+    for label, got, expected in (("y", y, want), ("dx", dx, want_dx), ("dw", dw, want_dw)):
+        error = np.abs(got - expected).max() / np.abs(expected).max()
+        assert error <= TOLERANCE[dtype], f"{label}: {error:.2e}"
