@@ -493,11 +493,12 @@ class Bound:
             return _run_batched(self, x.unsqueeze(0), weight, bias).squeeze(0)
         return _run_batched(self, x, weight, bias)
 
-    def _laid_out(self, which: LaidOut, kernels, problem, weight, threads: int, trained: bool) -> int:
-        """The address of `which`'s laid-out weights for this call, or 0: the kernels lay them out."""
+    def _laid_out(self, which: LaidOut, kernels, problem, weight, threads: int, trained: bool):
+        """`which`'s laid-out weights for this call, or None: the kernels lay them out. (The caller holds
+        the array until the kernel returns: another thread may drop it from `which` meanwhile.)"""
         if not self._weight_as_planned(weight):  # (a copy in the layout's order, new on every call)
-            return 0
-        return _address(which.get(kernels, problem, weight, threads, trained))
+            return None
+        return which.get(kernels, problem, weight, threads, trained)
 
     def forward(self, x, weight, bias, trained: bool):
         """y; `trained`: a gradient of the weights will be taken (they are not laid out ahead)."""
@@ -512,11 +513,11 @@ class Bound:
             laid_out = self._laid_out(self.forward_weights, kernels, problem, weight, threads, trained)
             if not problem.transpose:
                 bias_address = 0 if bias is None else bias.contiguous().data_ptr()
-                kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), laid_out, bias_address,
-                                                        y.data_ptr()), threads)
+                kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
+                                                        bias_address, y.data_ptr()), threads)
             else:
-                kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), laid_out, y.data_ptr()),
-                                       threads)
+                kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
+                                                             y.data_ptr()), threads)
         if bias is not None and (call.empty or problem.transpose):
             y += bias.view(-1, *([1] * self.kind.spatial))
         return y
@@ -545,11 +546,11 @@ class Bound:
             laid_out = self._laid_out(self.input_gradient_weights, kernels, problem, weight, threads,
                                       weight.requires_grad)
             if not problem.transpose:
-                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), laid_out, dx.data_ptr()),
-                                       threads)
+                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out),
+                                                             dx.data_ptr()), threads)
             else:
-                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), laid_out, 0, dx.data_ptr()),
-                                       threads)
+                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out), 0,
+                                                        dx.data_ptr()), threads)
         if need_w:
             xa = self._x(x)
             # dw takes the weights' own strides when they lie in the layout's order (the same memory
