@@ -148,3 +148,13 @@ def test_a_prepared_conv_refuses_what_it_was_not_prepared_for():
         convgen.prepare_conv2d(w, input_shape=(1, 3, 6, 6))
     x_strided = np.asfortranarray(x)  # any memory order: copied first, as conv2d does
     np.testing.assert_array_equal(conv(x_strided), conv(x))
+
+
+def test_a_prepared_conv_says_what_it_computes():
+    w = np.zeros((4, 2, 3, 3), np.float32)
+    text = repr(convgen.prepare_conv2d(w, input_shape=(1, 2, 5, 5), padding=1))
+    assert text.startswith("PreparedConv(conv2d, input_shape=(1, 2, 5, 5)") and "padding=1" in text
+    assert "output_padding" not in text and "weights laid out" in text
+    transposed = repr(convgen.prepare_conv_transpose2d(np.zeros((2, 4, 3, 3), np.float32), input_shape=(1, 2, 5, 5),
+                                                       stride=2, output_padding=1))
+    assert "conv_transpose2d" in transposed and "output_padding=1" in transposed

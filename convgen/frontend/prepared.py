@@ -99,7 +99,9 @@ class PreparedConv:
 
     def __repr__(self) -> str:
         laid_out = "weights laid out" if self._prepared is not None else "weights as given"
-        arguments = ", ".join(f"{key}={value!r}" for key, value in self._kwargs.items())
+        # output_padding is conv_transpose2d's alone: conv2d's repr does not show it
+        arguments = ", ".join(f"{key}={value!r}" for key, value in self._kwargs.items()
+                              if key != "output_padding" or self.op == "conv_transpose2d")
         return f"PreparedConv({self.op}, input_shape={self.input_shape}, {arguments}; {laid_out})"
 
 
