@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
@@ -31,8 +32,18 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import convgen.torch as cgt  # noqa: E402
+from convgen.runtime.kernels import settings  # noqa: E402
 from models import MODELS, convolutions  # noqa: E402
 from peak import cpu_model  # noqa: E402
+
+
+def instruction_sets() -> str:
+    """Which vector code each library ran: convgen's schedule (CONVGEN_ISA forces it) and PyTorch's
+    ATen kernels (ATEN_CPU_CAPABILITY; oneDNN follows ONEDNN_MAX_CPU_ISA)."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "the best this CPU runs")
+    return (f"Instruction sets: convgen {settings().schedule().isa}; PyTorch ATen "
+            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN limited to {onednn}.")
+
 
 FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
@@ -151,7 +162,7 @@ def main(argv=None) -> int:
                 print(table(rows[-1:])[2], flush=True)
     lines = ["# End to end: whole networks, PyTorch eager against convgen.torch.convert", "",
              f"CPU: {cpu_model()}; {args.threads} threads for both libraries; float32; torch {torch.__version__}; "
-             f"medians of {repeat} alternated samples per case.", "", *table(rows)]
+             f"medians of {repeat} alternated samples per case.", "", instruction_sets(), "", *table(rows)]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

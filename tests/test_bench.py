@@ -511,7 +511,8 @@ def test_the_bench_models_are_torchvisions():
 
 def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
     """bench/end_to_end.py --quick on the encoder-decoder, channels_last: three rows naming the CPU,
-    outputs agreeing with PyTorch, and gradients as close to float64 as PyTorch's."""
+    outputs agreeing with PyTorch, and gradients as close to float64 as PyTorch's; the instruction
+    sets both libraries ran."""
     out = tmp_path / "end_to_end.md"
     proc = subprocess.run([sys.executable, str(BENCH / "end_to_end.py"), "--quick", "--models", "encoder_decoder",
                            "--formats", "channels_last", "--out", str(out)],
@@ -519,6 +520,9 @@ def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = out.read_text()
     assert "CPU: " in report and "Geometric mean speedup" in report
+    # which vector code each library ran: convgen's schedule as built here
+    from convgen.runtime.kernels import settings
+    assert f"Instruction sets: convgen {settings().schedule().isa}; PyTorch ATen " in report
     rows = [line for line in report.splitlines() if line.startswith("| encoder_decoder | channels_last |")]
     assert len(rows) == 3
     for row in rows:
