@@ -7,7 +7,9 @@ reference on the shapes that take it (the broad grids elsewhere pick their shape
   and split by filters when the pixels are fewer than the filters;
 - the NHWC phase planes split 16 channels at a time, every padding mode, and a per-image forward pass
   of small groups that splits an image once for all of its groups;
-- the NHWC forward pass of a 1x1 window over many channels and few filters (pixel rows).
+- the NHWC forward pass of a 1x1 window over many channels and few filters (pixel rows);
+- the NHWC pixel-row forward pass of a shallow layer whose panels fit in the L1 cache, each tile of
+  pixels taking every column tile in turn (the last one partial, as the last tile of pixels).
 
 Every window here is one the test grid builds anyway (tests/grid.py).
 """
@@ -35,6 +37,8 @@ CASES = {
     "nhwc planes in blocks, circular": (1, 18, 9, 8, 2, (5, 3), 2, ((2, 2), (1, 1)), 1, 1, "circular", "NHWC"),
     "nhwc 1x1, many channels to few": (3, 40, 7, 6, 3, 1, 1, 0, 1, 1, "zeros", "NHWC"),
     "nhwc 1x1, to one filter": (2, 16, 5, 9, 1, 1, 1, 0, 1, 1, "zeros", "NHWC"),
+    "nhwc 1x1 shallow, column tiles inner": (3, 20, 7, 9, 150, 1, 1, 0, 1, 1, "zeros", "NHWC"),
+    "nhwc 1x1 shallow, column tiles inner, grouped": (2, 40, 5, 7, 100, 1, 1, 0, 1, 2, "zeros", "NHWC"),
 }
 
 
