@@ -43,7 +43,7 @@ def private_cache(tmp_path, monkeypatch):
 def module_paths(spec, directory):
     """The file and digest file of `spec`'s module of every op (under the active settings) in `directory`."""
     active = kernels.settings()
-    rendered = render.render(spec, active.schedule())
+    rendered = render.render(spec, active.schedule(), split=True)
     name = cache.module_name(kernels.cache_key(rendered, active.toolchain))
     return directory / f"{name}{build.extension_suffix()}", directory / f"{name}.sha256"
 
@@ -60,6 +60,20 @@ def seed(spec, directory):
     for source, target in zip(module_paths(spec, SESSION_CACHE), module_paths(spec, directory)):
         shutil.copyfile(source, target)
     return module_paths(spec, directory)
+
+
+def core_paths(spec, directory):
+    """The core object that `spec`'s module of every op links, and its digest file, in `directory`."""
+    active = kernels.settings()
+    name = cache.CORE_PREFIX + kernels.core_key(render.render(spec, active.schedule(), split=True), active.toolchain)[:32]
+    return directory / f"{name}.o", directory / f"{name}.sha256"
+
+
+def seed_core(spec, directory):
+    """Copy `spec`'s core object (and digest) from the session's cache into `directory`."""
+    for source, target in zip(core_paths(spec, SESSION_CACHE), core_paths(spec, directory)):
+        shutil.copyfile(source, target)
+    return core_paths(spec, directory)
 
 
 def load(spec):
@@ -225,6 +239,40 @@ def test_module_file_others_could_have_written_is_rebuilt(private_cache, imports
     check_conv(SPEC)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "digest-wrong", "other-writable"])
+def test_damaged_or_foreign_core_object_is_rebuilt_with_a_warning(private_cache, damage):
+    """A window module links a checked copy of its core object: one that does not match its digest,
+    or that others could have written, is rebuilt, never linked."""
+    o_path, digest_path = seed_core(SPEC, private_cache)
+    if damage == "truncated":
+        o_path.write_bytes(o_path.read_bytes()[:1000])
+    elif damage == "digest-wrong":
+        digest_path.write_text("0" * 64)
+    else:
+        os.chmod(o_path, 0o646)
+    with pytest.warns(RuntimeWarning, match=rf"rebuilding the damaged cached core object {o_path.name}"):
+        _, built = load(SPEC)
+    assert built
+    assert cache.file_digest(o_path) == digest_path.read_text().strip() and not o_path.stat().st_mode & 0o022
+    check_conv(SPEC)
+
+
+def test_windows_of_one_dtype_layout_and_schedule_share_one_core_object(private_cache):
+    """The first window module builds the core object; the next window's links the same one."""
+    other = ConvSpec(Window(3, 2, 1), SPEC.dtype, SPEC.layout)
+    assert core_paths(other, private_cache) == core_paths(SPEC, private_cache)
+    assert load(SPEC)[1]
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 1
+    before = core_paths(SPEC, private_cache)[0].stat().st_mtime_ns
+    assert load(other)[1]
+    assert core_paths(SPEC, private_cache)[0].stat().st_mtime_ns == before  # linked, not rebuilt
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 1
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 9, 8)), rng.standard_normal((5, 3, 3, 3))
+    np.testing.assert_allclose(convgen.conv2d(x, w, stride=2, padding=1), reference.conv2d(x, w, stride=2, padding=1),
+                               rtol=1e-12)
+
+
 def test_module_built_but_unloadable_is_a_build_error(private_cache):
     def bad_build(name, build_dir):
         path = build_dir / f"{name}{build.extension_suffix()}"
@@ -237,12 +285,13 @@ def test_module_built_but_unloadable_is_a_build_error(private_cache):
 # ------------------------------------------------------------------------------------ the key
 def _key_inputs():
     active = kernels.settings()
-    return render.render(SPEC, active.schedule()), active.toolchain
+    return render.render(SPEC, active.schedule(), split=True), active.toolchain
 
 
 KEY_CHANGES = {
     "source": lambda r, t, mp: (dataclasses.replace(r, source=r.source + "\n/* edited */\n"), t),
     "cdef": lambda r, t, mp: (dataclasses.replace(r, cdef=r.cdef + "\n"), t),
+    "core source": lambda r, t, mp: (dataclasses.replace(r, core=r.core + "\n/* edited */\n"), t),
     "compiler path": lambda r, t, mp: (r, dataclasses.replace(t, compiler="/opt/other/gcc")),
     "compiler version": lambda r, t, mp: (r, dataclasses.replace(t, version=t.version + " (patched)")),
     "flags": lambda r, t, mp: (r, dataclasses.replace(t, cflags=t.cflags + ("-ffast-math",))),
@@ -262,6 +311,16 @@ def test_key_changes_with_everything_that_changes_the_binary(change, monkeypatch
     assert kernels.cache_key(rendered, toolchain) == before  # deterministic
     changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
     assert kernels.cache_key(changed_rendered, changed_toolchain) != before
+
+
+@pytest.mark.parametrize("change", [change for change in KEY_CHANGES if change not in ("source", "cdef")])
+def test_core_key_changes_with_everything_that_changes_the_object(change, monkeypatch):
+    rendered, toolchain = _key_inputs()
+    before = kernels.core_key(rendered, toolchain)
+    # the window's own source is not the core's: every window of a dtype, layout and schedule shares it
+    assert kernels.core_key(dataclasses.replace(rendered, source="", cdef=""), toolchain) == before
+    changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
+    assert kernels.core_key(changed_rendered, changed_toolchain) != before
 
 
 def test_compiler_identity_covers_what_native_means_here():
@@ -293,6 +352,30 @@ def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path):
         assert probe in fresh.rendered("fwd").source and probe not in original.rendered("fwd").source
         check_conv(SPEC)
     assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
+
+
+def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tmp_path):
+    """An edit inside a CG_CORE function's body reaches the window module only through its core
+    object: the module's key covers the core source, so it is rebuilt, linked with a new object."""
+    seed(SPEC, private_cache)
+    seed_core(SPEC, private_cache)
+    original, built = load(SPEC)
+    assert not built
+    edited = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATE_DIR, edited)
+    pack = edited / "common" / "pack.c.j2"
+    text = pack.read_text()
+    probe = "    /* an edit inside a core function */\n"
+    start = text.index("CG_CORE void pack_b_rows(")
+    body = text.index("\n{\n", start) + 3
+    pack.write_text(text[:body] + probe + text[body:])
+    with convgen.configure(templates=edited):
+        fresh, built = load(SPEC)
+        assert built
+        rendered = fresh.rendered("fwd")
+        assert probe in rendered.core and probe not in rendered.source
+        check_conv(SPEC)
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
 
 
 def test_configure_refuses_a_templates_path_that_is_no_directory(tmp_path):
@@ -367,6 +450,7 @@ def test_threads_asking_for_one_new_module_build_it_once(private_cache):
 def test_cache_info_and_clear(private_cache):
     assert convgen.cache_info() == {"dir": str(private_cache), "modules": 0, "bytes": 0}
     seeded = [seed(SPEC, private_cache)[0], seed(ConvSpec(None, "float64", "NCHW"), private_cache)[0]]
+    seed_core(SPEC, private_cache)  # core objects are not modules, and are cleared too
     (private_cache / f"{cache.MODULE_PREFIX}stale.x.build").mkdir()  # left by a killed build
     info = convgen.cache_info()
     assert info == {"dir": str(private_cache), "modules": 2, "bytes": sum(p.stat().st_size for p in seeded)}
@@ -518,6 +602,30 @@ def test_whole_modules_compile_every_op_on_the_first_call(private_cache, monkeyp
     with convgen.configure(modules="per-op"):  # a block can ask for the default back
         convgen.conv2d(x[:, :, :3], w, padding=1)
     assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
+
+
+def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tmp_path):
+    """An edit inside a CG_CORE function's body reaches the window module only through its core
+    object: the module's key covers the core source, so it is rebuilt, linked with a new object."""
+    seed(SPEC, private_cache)
+    seed_core(SPEC, private_cache)
+    original, built = load(SPEC)
+    assert not built
+    edited = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATE_DIR, edited)
+    pack = edited / "common" / "pack.c.j2"
+    text = pack.read_text()
+    probe = "    /* an edit inside a core function */\n"
+    start = text.index("CG_CORE void pack_b_rows(")
+    body = text.index("\n{\n", start) + 3
+    pack.write_text(text[:body] + probe + text[body:])
+    with convgen.configure(templates=edited):
+        fresh, built = load(SPEC)
+        assert built
+        rendered = fresh.rendered("fwd")
+        assert probe in rendered.core and probe not in rendered.source
+        check_conv(SPEC)
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
 
 
 @pytest.mark.parametrize("where", ["environment", "configure"])

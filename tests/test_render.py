@@ -79,7 +79,7 @@ def test_both_variants_come_from_the_same_template(schedule):
     """Apart from the window, the two sources share every line of the GEMM and packing code."""
     special = render(ConvSpec(Window(3, 1, 1)), schedule).source
     generic = render(ConvSpec(None), schedule).source
-    ukernel = special[special.index("static void ukernel"):special.index("static void ukernel") + 400]
+    ukernel = special[special.index("CG_CORE void ukernel"):special.index("CG_CORE void ukernel") + 400]
     assert ukernel in generic
 
 
@@ -135,3 +135,110 @@ def test_ops_are_checked(schedule):
     with pytest.raises(ValueError, match="ops must be"):
         render(ConvSpec(Window(3, 1, 1)), schedule, ops=())
     assert render(ConvSpec(Window(3, 1, 1)), schedule, ops="bwd_data").ops == ("bwd_data",)
+
+
+# ------------------------------------------------------------------ the core object of split modules
+def preprocess(source):
+    """`source` with its macros expanded, as the compiler that builds the kernels sees it."""
+    import subprocess
+    result = subprocess.run([settings().toolchain.compiler, "-E", "-P", "-fopenmp", "-x", "c", "-"], input=source,
+                            capture_output=True, text=True, check=True)
+    return result.stdout
+
+
+_ATTRIBUTE = re.compile(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
+_DECLARED_NAME = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def c_functions(source):
+    """{name: text} of the function definitions of a preprocessed C source, `static` and attributes
+    taken off the text (the core object defines as extern what a module of one unit makes static)."""
+    functions, depth, statement, head, i = {}, 0, 0, "", 0
+    while i < len(source):
+        char = source[i]
+        if char == '"':  # skip string literals (braces in format strings)
+            i = source.index('"', i + 1)
+            while source[i - 1] == "\\":
+                i = source.index('"', i + 1)
+        elif char == "{":
+            if depth == 0:
+                head, body = source[statement:i], i
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                declarator = _ATTRIBUTE.sub("", head).strip()
+                name = _DECLARED_NAME.search(declarator)
+                if name and declarator.endswith(")") and "=" not in declarator.split("(")[0]:
+                    text = re.sub(r"^(static\s+)?(inline\s+)?", "", declarator) + source[body:i + 1]
+                    functions[name.group(1)] = text
+                statement = i + 1
+        elif char == ";" and depth == 0:
+            statement = i + 1
+        i += 1
+    return functions
+
+
+def called(text, names):
+    return {name for name in re.findall(r"\b([A-Za-z_]\w*)\s*\(", text[text.index("{"):]) if name in names}
+
+
+SPLIT_SPECS = [ConvSpec(Window.parse(text), dtype, layout) for text in ("k3s1p1", "k1s1p0", "k5s2p2", "k7s2p3", "k3x5s2x1p1x2d2")
+               for dtype, layout in (("float32", "NCHW"), ("float32", "NHWC"), ("float64", "NCHW"), ("float64", "NHWC"))]
+SPLIT_SPECS.append(ConvSpec(Window(3, 1, 1, padding_mode="reflect"), "float32", "NHWC"))
+
+
+@pytest.mark.parametrize("spec", SPLIT_SPECS, ids=str)
+def test_the_core_object_holds_what_the_window_module_would_compile_itself(schedule, spec):
+    """The split costs no specialization: every function of the core object that a window module
+    calls, and everything it calls in turn, is, macros expanded, the function the specialized build of
+    one unit compiles, and the window module declares each CG_CORE function and defines none."""
+    split = render(spec, schedule, split=True)
+    whole = c_functions(preprocess(render(spec, schedule).source))
+    core = c_functions(preprocess(split.core))
+    marked = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.core, re.M)
+    assert len(marked) >= 20, "the core object should hold the micro-kernels and the dot products"
+    reached, todo = set(), list(marked)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            assert core[name] == whole[name], f"{name} differs between the core object and the {spec} build"
+            todo += called(core[name], set(core))
+    window = c_functions(preprocess(split.source))
+    declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
+    assert sorted(declared) == sorted(marked) and not set(marked) & set(window)
+    # A file-scope variable has a copy in each unit: none may be written on one side and read on the
+    # other (the workspace kept between calls lives with the functions that take and give it back).
+    for variable in re.findall(r"^static (?!const\b)[^;(]*?\b(\w+)\s*(?:=[^;]*)?;", preprocess(split.core), re.M):
+        in_core = {name for name in reached if re.search(rf"\b{variable}\b", core[name])}
+        in_window = {name for name, text in window.items() if re.search(rf"\b{variable}\b", text)}
+        assert not (in_core and in_window), f"{variable} is used by {in_core} in the core and by {in_window} beside it"
+
+
+def test_only_the_direct_familys_specialized_builds_split(schedule):
+    """Generic, depthwise and Winograd modules stay one unit; so does every module rendered without
+    split=True (what `convgen show`, `generate` and `export` write)."""
+    assert render(ConvSpec(Window(3, 1, 1)), schedule, split=True).core is not None
+    one_unit = [render(spec, schedule, split=True) for spec in (
+        ConvSpec(None), ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(Window(3, 1, 1), family="winograd", tile=4))]
+    one_unit.append(render(ConvSpec(Window(3, 1, 1)), schedule))
+    for rendered in one_unit:
+        assert rendered.core is None
+        assert "#define CG_CORE static" in rendered.source
+
+
+def test_a_core_function_not_written_as_the_split_expects_is_refused(schedule, tmp_path):
+    """The window module keeps a CG_CORE function's declarator and drops its body, which it finds by
+    the braces alone on their lines: a function written otherwise is an error, not a silent copy."""
+    import shutil
+    from convgen.codegen.render import TEMPLATE_DIR
+    edited = tmp_path / "templates"
+    shutil.copytree(TEMPLATE_DIR, edited)
+    pack = edited / "common" / "pack.c.j2"
+    text = pack.read_text()
+    assert "CG_CORE void pack_b_rows(" in text
+    pack.write_text(re.sub(r"(CG_CORE void pack_b_rows\([^)]*\))\n\{", r"\1 {", text))
+    with pytest.raises(ValueError, match="CG_CORE function"):
+        render(ConvSpec(Window(3, 1, 1)), schedule, templates=edited, split=True)
+    assert render(ConvSpec(Window(3, 1, 1)), schedule, templates=edited).core is None  # one unit: no split needed

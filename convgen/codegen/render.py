@@ -6,12 +6,22 @@ a literal ("3") in the specialized build and as a field of the run-time geometry
 generic one, and the loops over the kernel window are unrolled only where the window is known. The
 entry points' declarators and op ids come from convgen.codegen.abi, so the C, the cdef and the Python
 calls agree by construction.
+
+A module is one translation unit, or, for the direct family's specialized builds as the runtime
+compiles them (`render(..., split=True)`), two: the functions the templates mark `CG_CORE` (the
+micro-kernels, the weight gradient's dot products, the workspace: code that reads no window value)
+are rendered once from the generic build into a *core* source, compiled once per dtype, layout,
+schedule and set of ops, and linked into every window's module, which keeps only their declarations.
+About half of a direct module's code, so a new window compiles in about two thirds of the time.
+tests/test_render.py checks that every core function renders, macros expanded, exactly as in the
+specialized build of each window it is linked into: the split costs no specialization.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from pathlib import Path
 
 import jinja2
@@ -32,6 +42,9 @@ TEMPLATE_DIR = next((d for d in (_PACKAGE_DIR / "templates", _PACKAGE_DIR.parent
 # a 31x31 window would be 961 copies of each loop body for no measurable gain.
 MAX_UNROLLED_WINDOW = 64
 
+# What one render writes: a module of one unit, or the two units of a split module.
+PARTS = ("whole", "window", "core")
+
 # Names of the window values in the templates, and the geometry field each reads when generic.
 _WINDOW_FIELDS = {"KH": "kh", "KW": "kw", "SH": "sh", "SW": "sw", "PT": "pt", "PL": "pl", "DH": "dh", "DW": "dw",
                   "PM": "pm"}
@@ -42,6 +55,8 @@ class Rendered:
     """The C source of one kernel module, its cffi cdef, and its entry points' C symbols by entry name.
 
     `ops` are the ops whose entry points it carries (`abi.OPS` order); the queries are always there.
+    `core` is the C source of the core object it links, if split (its `CG_CORE` functions are
+    declared in `source` and defined there), else None: `source` is the whole module.
     """
 
     spec: ConvSpec
@@ -50,6 +65,7 @@ class Rendered:
     cdef: str
     symbols: dict
     ops: tuple = abi.OPS
+    core: str | None = None
 
 
 @functools.lru_cache(maxsize=4)
@@ -76,9 +92,20 @@ def _winograd_context(spec: ConvSpec) -> dict:
             "combine": winograd.linear_combination}
 
 
-def template_context(spec: ConvSpec, schedule: Schedule, ops=None) -> dict:
-    """Everything the templates see. Values reaching the C source are validated ints or fixed names."""
+def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "whole") -> dict:
+    """Everything the templates see. Values reaching the C source are validated ints or fixed names.
+
+    `part`: "whole" (one translation unit), "window" (a split module: its `CG_CORE` functions come
+    from the core object) or "core" (the core object: generic, its entry points static and unused,
+    so only the `CG_CORE` functions and what they call are compiled).
+    """
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    signatures = abi.signatures(spec)
+    if part == "core":
+        signatures = {name: "static " + declarator for name, declarator in signatures.items()}
     context = {
+        "part": part,
         "ops": abi.as_ops(ops),
         "version": __version__,
         "specialized": spec.specialized,
@@ -87,7 +114,7 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None) -> dict:
         "c_type": spec.c_type,
         "layout": spec.layout,
         "family": spec.family,
-        "signatures": abi.signatures(spec),
+        "signatures": signatures,
         "op_ids": dict(abi.OP_IDS),
         "padding_mode_ids": dict(abi.PADDING_MODE_IDS),
         "isa": schedule.isa,
@@ -156,16 +183,45 @@ def _tap_layout(window) -> tuple[list, list]:
     return [(base, plane, row) for (plane, row), base in bases.items()], taps
 
 
-def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None) -> Rendered:
+def splits(spec: ConvSpec) -> bool:
+    """Whether the runtime builds `spec` as a window module linked with a core object: the direct
+    family's specialized builds (a generic module is its own core; the other families are small)."""
+    return spec.family == "direct" and spec.specialized
+
+
+def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: bool = False) -> Rendered:
     """Render the module source of `spec` under `schedule`, with its cdef and symbols.
 
     `ops`: the ops whose entry points the module carries ("fwd", "bwd_data", "bwd_weight"; default
     all three, as `convgen show` and `export` want them); only their kernels are rendered, so a module
     of one op compiles in a fraction of the time. `templates`: a directory laid out as templates/ (an
-    edited copy, say) instead of convgen's own.
+    edited copy, say) instead of convgen's own. `split`: render a spec that `splits` as a window
+    module and the core it links (`Rendered.core`), as the runtime builds it; by default one
+    self-contained source, as `convgen show`, `generate` and `export` write it.
     """
     ops = abi.as_ops(ops)
     environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
-    source = environment.get_template(f"{spec.family}/module.c.j2").render(template_context(spec, schedule, ops))
+    template = environment.get_template(f"{spec.family}/module.c.j2")
+    core = None
+    if split and splits(spec):
+        source = _declarations_only(template.render(template_context(spec, schedule, ops, part="window")))
+        core = template.render(template_context(spec.generic(), schedule, ops, part="core"))
+    else:
+        source = template.render(template_context(spec, schedule, ops))
     return Rendered(spec, schedule, source, abi.cdef(spec, ops),
-                    {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops)
+                    {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops, core)
+
+
+# A core function as the templates write it: `CG_CORE` and its declarator at the start of a line, the
+# body's braces alone on their own lines, at the start.
+_CORE_FUNCTION = re.compile(r"^(CG_CORE [^;{}]*?\))\n\{\n.*?\n\}\n", re.S | re.M)
+
+
+def _declarations_only(source: str) -> str:
+    """`source` with the body of every `CG_CORE` function replaced by a semicolon: a declaration of
+    the function the core object defines."""
+    declared, count = _CORE_FUNCTION.subn(lambda m: m.group(1) + ";  /* in the core object */\n", source)
+    if count != len(re.findall(r"^CG_CORE ", source, re.M)):
+        raise ValueError("a CG_CORE function in the templates is not written as its declarator, then its body "
+                         "between braces alone on their own lines")
+    return declared

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Callable
 
 import cffi
 from cffi.recompiler import make_c_source
@@ -78,9 +79,51 @@ def check_sanitizer_runtime(cflags) -> None:
 
 
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
-    """The full compiler command line for one module."""
+    """The full compiler command line for one module of one translation unit."""
     return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *FIXED_FLAGS,
             "-I", toolchain.python_include, str(c_path), "-o", str(so_path)]
+
+
+def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path) -> list[str]:
+    """The command line that compiles one translation unit of a split module (its own code, or its
+    core object) with the module's flags, without linking."""
+    flags = [flag for flag in FIXED_FLAGS if flag != "-shared"]
+    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *flags,
+            "-I", toolchain.python_include, "-c", str(c_path), "-o", str(o_path)]
+
+
+def link_command(toolchain: Toolchain, rendered: Rendered, objects, so_path: Path) -> list[str]:
+    """The command line that links a split module's objects into its shared object."""
+    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *FIXED_FLAGS,
+            *map(str, objects), "-o", str(so_path)]
+
+
+def _start(command: list[str], toolchain: Toolchain) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=compiler_env())
+    except OSError as exc:
+        raise BuildError(f"cannot run the C compiler {toolchain.compiler}: {exc}; {INSTALL_HINT}") from exc
+
+
+def _finish(process: subprocess.Popen, command: list[str], rendered: Rendered, output: Path, what: str) -> None:
+    """Wait for the compiler `process` (at most 600 s) and raise BuildError unless it wrote `output`."""
+    try:
+        stdout, stderr = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        process.kill()
+        process.communicate()
+        raise BuildError(f"compiling {what} for {rendered.spec} took longer than {exc.timeout} s") from exc
+    if process.returncode != 0 or not output.exists():
+        message = (stderr or stdout).strip()
+        if len(message) > 4000:
+            message = message[:2000] + "\n...\n" + message[-2000:]
+        raise BuildError(f"compiling {what} for {rendered.spec} failed (exit {process.returncode}):\n"
+                         f"$ {shlex.join(command)}\n{message}")
+
+
+def _run_compiler(command: list[str], toolchain: Toolchain, rendered: Rendered, output: Path, what: str) -> None:
+    _finish(_start(command, toolchain), command, rendered, output, what)
 
 
 def extension_suffix() -> str:
@@ -98,26 +141,47 @@ def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
     make_c_source(ffi, module_name, rendered.source, str(c_path), verbose=False)
 
 
-def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
-    """Compile `rendered` as the extension module `module_name` inside build_dir; return the .so path."""
+def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path,
+                 core: Callable[[], Path] | None = None) -> Path:
+    """Compile `rendered` as the extension module `module_name` inside build_dir; return the .so path.
+
+    A split module (`rendered.core` set) takes `core`, a function that returns the path of its core
+    object, compiling it if need be: it is called while the module's own code compiles, so the two
+    compiles run side by side, and the object is linked in after.
+    """
     check_sanitizer_runtime(toolchain.cflags)  # flags may come from configure(), not only the environment
     c_path = build_dir / f"{module_name}.c"
     so_path = build_dir / f"{module_name}{extension_suffix()}"
     write_wrapper(module_name, rendered, c_path)
-    command = compile_command(toolchain, rendered, c_path, so_path)
+    if rendered.core is None:
+        _run_compiler(compile_command(toolchain, rendered, c_path, so_path), toolchain, rendered, so_path, "kernels")
+        return so_path
+    if core is None:
+        raise ValueError(f"the module of {rendered.spec} links a core object: pass `core`")
+    o_path = build_dir / f"{module_name}.o"
+    command = object_command(toolchain, rendered, c_path, o_path)
+    process = _start(command, toolchain)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=compiler_env())
-    except OSError as exc:
-        raise BuildError(f"cannot run the C compiler {toolchain.compiler}: {exc}; {INSTALL_HINT}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"compiling {rendered.spec} took longer than {exc.timeout} s") from exc
-    if result.returncode != 0 or not so_path.exists():
-        message = (result.stderr or result.stdout).strip()
-        if len(message) > 4000:
-            message = message[:2000] + "\n...\n" + message[-2000:]
-        raise BuildError(f"compiling kernels for {rendered.spec} failed (exit {result.returncode}):\n"
-                         f"$ {shlex.join(command)}\n{message}")
+        core_path = core()
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
+    _finish(process, command, rendered, o_path, "kernels")
+    _run_compiler(link_command(toolchain, rendered, (o_path, core_path), so_path), toolchain, rendered, so_path,
+                  "and linking kernels")
     return so_path
+
+
+def build_core_object(name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
+    """Compile the core source of the split module `rendered` as the object `name`.o inside build_dir."""
+    check_sanitizer_runtime(toolchain.cflags)
+    c_path = build_dir / f"{name}.c"
+    o_path = build_dir / f"{name}.o"
+    c_path.write_text(rendered.core)
+    _run_compiler(object_command(toolchain, rendered, c_path, o_path), toolchain, rendered, o_path,
+                  "the core object")
+    return o_path
 
 
 def python_abi() -> str:

@@ -29,6 +29,8 @@ from typing import Callable
 from .build import BuildError, extension_suffix
 
 MODULE_PREFIX = "_cg_"
+# The core objects that split modules link (see convgen.codegen.render): `_cg_core_<key>.o`.
+CORE_PREFIX = MODULE_PREFIX + "core_"
 
 
 class CacheError(RuntimeError):
@@ -204,6 +206,53 @@ def load_or_build(key: str, build: Callable[[str, Path], Path]):
             raise BuildError(f"the kernel module {so_path.name} was built but cannot be loaded: {exc}") from exc
 
 
+def _copy_if_sound(path: Path, digest_path: Path, copy: Path) -> bool:
+    """Copy the published object `path` to `copy` and check the copy against its digest: False if
+    there is none; ImportError if it is damaged or foreign. The copy is what gets linked, so the
+    file checked is the file used."""
+    if not path.exists():
+        return False
+    try:
+        _check_private_file(path)
+        _check_private_file(digest_path)
+        recorded = digest_path.read_text().strip()
+        shutil.copyfile(path, copy)
+        actual = file_digest(copy)
+    except OSError as exc:
+        raise ImportError(f"cannot read {path.name} or its digest: {exc}") from exc
+    if recorded != actual:
+        raise ImportError(f"{path.name} does not match its recorded digest (truncated or modified)")
+    return True
+
+
+def core_object(key: str, build: Callable[[str, Path], Path], into: Path) -> Path:
+    """A checked copy, in the directory `into`, of the core object for `key`, building and publishing
+    it first (once, across processes) if the cache lacks a sound copy.
+
+    `build(name, build_dir)` compiles the object into build_dir and returns its path. Called while
+    the lock of the module that links it is held: the locks are always taken module first.
+    """
+    directory = checked_cache_dir()
+    name = CORE_PREFIX + key[:32]
+    path, digest_path, copy = directory / f"{name}.o", directory / f"{name}.sha256", into / f"{name}.o"
+    with contextlib.suppress(ImportError):
+        if _copy_if_sound(path, digest_path, copy):
+            return copy
+    with _locked(directory / f"{name}.lock"):
+        try:
+            if _copy_if_sound(path, digest_path, copy):
+                return copy
+        except ImportError as exc:
+            warnings.warn(f"convgen: rebuilding the damaged cached core object {path.name}: {exc}",
+                          RuntimeWarning, stacklevel=3)
+        _publish(build, name, directory, path, digest_path)
+        try:
+            _copy_if_sound(path, digest_path, copy)
+        except ImportError as exc:
+            raise BuildError(f"the core object {path.name} was built but cannot be read back: {exc}") from exc
+        return copy
+
+
 def list_modules() -> list[Path]:
     """The published kernel modules in the cache, sorted by file name (none if it does not exist yet)."""
     directory = cache_dir()
@@ -230,7 +279,8 @@ def _building(directory: Path, name: str) -> bool:
 
 
 def cache_clear() -> int:
-    """Delete every cached module (and its digest and lock); return how many modules were removed.
+    """Delete every cached module and core object (and their digests and locks); return how many
+    modules were removed.
 
     A build in progress in another process keeps its lock and temporary directory, and publishes
     its module when it finishes.

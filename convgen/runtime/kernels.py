@@ -23,8 +23,8 @@ import numpy as np
 
 from ..codegen import abi
 from .._version import __version__
-from .build import Toolchain, build_module, default_toolchain, python_abi
-from .cache import load_if_cached, load_or_build, module_key
+from .build import Toolchain, build_core_object, build_module, default_toolchain, python_abi
+from .cache import core_object, load_if_cached, load_or_build, module_key
 from ..planning.problem import Problem
 from ..codegen.render import Rendered, render
 from ..planning.schedule import Schedule, get_schedule
@@ -88,7 +88,7 @@ class Kernels:
         self._arguments: dict = {}  # id(problem) -> (problem, its size arguments), computed once per problem
 
     def _render(self, ops=None) -> Rendered:
-        return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops)
+        return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops, split=True)
 
     def _render_whole(self) -> Rendered:
         if self._whole is None:
@@ -110,10 +110,18 @@ class Kernels:
     def _build(self, rendered: Rendered) -> bool:
         """Load the module of `rendered`, compiling it if the cache lacks it; True if compiled now. The
         compile runs outside the process-wide lock, so different modules build in parallel; the
-        cache's file lock makes concurrent requests for the same module compile it once."""
+        cache's file lock makes concurrent requests for the same module compile it once. A split
+        module links its core object, built first if the cache lacks it."""
         toolchain = self.settings.toolchain
-        module, built = load_or_build(cache_key(rendered, toolchain),
-                                      lambda name, build_dir: build_module(name, rendered, toolchain, build_dir))
+
+        def build(name, build_dir):
+            def core():
+                return core_object(core_key(rendered, toolchain),
+                                   lambda core_name, core_dir: build_core_object(core_name, rendered, toolchain, core_dir),
+                                   build_dir)
+            return build_module(name, rendered, toolchain, build_dir, core if rendered.core is not None else None)
+
+        module, built = load_or_build(cache_key(rendered, toolchain), build)
         self._register(module, rendered)
         return built
 
@@ -338,9 +346,15 @@ def set_num_threads(n: int) -> None:
 
 
 def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
-    return module_key(rendered.source, rendered.cdef, toolchain.compiler, toolchain.version,
+    return module_key(rendered.source, rendered.core or "", rendered.cdef, toolchain.compiler, toolchain.version,
                       " ".join(toolchain.cflags), repr(rendered.schedule), __version__, python_abi(),
                       platform.machine())
+
+
+def core_key(rendered: Rendered, toolchain: Toolchain) -> str:
+    """Hash of everything that changes the core object a split module links."""
+    return module_key("core object", rendered.core, toolchain.compiler, toolchain.version, " ".join(toolchain.cflags),
+                      repr(rendered.schedule), __version__, python_abi(), platform.machine())
 
 
 def get_kernels(spec: ConvSpec) -> Kernels:
