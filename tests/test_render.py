@@ -216,6 +216,20 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
         assert not (in_core and in_window), f"{variable} is used by {in_core} in the core and by {in_window} beside it"
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_every_window_and_op_of_a_dtype_and_layout_links_one_core(schedule, layout):
+    """The core object carries every op's functions: the modules of one op and of every op, of any
+    window, link the same one, and each declares only the core functions its kernels call."""
+    whole = render(ConvSpec(Window(3, 1, 1), "float32", layout), schedule, split=True)
+    marked = set(re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", whole.core, re.M))
+    for text in ("k3s1p1", "k5s2p2"):
+        for op in ("fwd", "bwd_data", "bwd_weight"):
+            rendered = render(ConvSpec(Window.parse(text), "float32", layout), schedule, ops=(op,), split=True)
+            assert rendered.core == whole.core
+            declared = set(re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", rendered.source, re.M))
+            assert declared and declared <= marked
+
+
 def test_only_the_direct_familys_specialized_builds_split(schedule):
     """Generic, depthwise and Winograd modules stay one unit; so does every module rendered without
     split=True (what `convgen show`, `generate` and `export` write)."""

@@ -10,8 +10,8 @@ calls agree by construction.
 A module is one translation unit, or, for the direct family's specialized builds as the runtime
 compiles them (`render(..., split=True)`), two: the functions the templates mark `CG_CORE` (the
 micro-kernels, the weight gradient's dot products, the workspace: code that reads no window value)
-are rendered once from the generic build into a *core* source, compiled once per dtype, layout,
-schedule and set of ops, and linked into every window's module, which keeps only their declarations.
+are rendered once, from the generic build of every op, into a *core* source, compiled once per
+dtype, layout and schedule, and linked into every window's module, which keeps only their declarations.
 About half of a direct module's code, so a new window compiles in about two thirds of the time.
 tests/test_render.py checks that every core function renders, macros expanded, exactly as in the
 specialized build of each window it is linked into: the split costs no specialization.
@@ -205,7 +205,9 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     core = None
     if split and splits(spec):
         source = _declarations_only(template.render(template_context(spec, schedule, ops, part="window")))
-        core = template.render(template_context(spec.generic(), schedule, ops, part="core"))
+        # The core carries every op's functions: a forward pass's first call builds the object its
+        # gradients link later, and the modules of one op and of every op share it.
+        core = template.render(template_context(spec.generic(), schedule, abi.OPS, part="core"))
     else:
         source = template.render(template_context(spec, schedule, ops))
     return Rendered(spec, schedule, source, abi.cdef(spec, ops),
