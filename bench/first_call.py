@@ -51,19 +51,16 @@ from convgen.codegen.render import render
 from convgen.planning.spec import ConvSpec
 render(ConvSpec(None, "float32", layout), convgen.runtime.kernels.settings().schedule())
 once = time.perf_counter() - start
-start = time.perf_counter()
-y = convgen.conv2d(x, w, **kw)
-forward = time.perf_counter() - start
-start = time.perf_counter()
-convgen.conv2d_backward(np.ones_like(y), x, w, **kw)
-backward = time.perf_counter() - start
+def time_first_calls():  # seconds of the first forward and the first backward call of the window in kw
+    start = time.perf_counter()
+    y = convgen.conv2d(x, w, **kw)
+    forward = time.perf_counter() - start
+    start = time.perf_counter()
+    convgen.conv2d_backward(np.ones_like(y), x, w, **kw)
+    return forward, time.perf_counter() - start
+forward, backward = time_first_calls()
 kw["padding"] = tuple(p + 1 for p in window.padding[0])  # the next window: a new module, the cache warm
-start = time.perf_counter()
-y = convgen.conv2d(x, w, **kw)
-next_forward = time.perf_counter() - start
-start = time.perf_counter()
-convgen.conv2d_backward(np.ones_like(y), x, w, **kw)
-next_backward = time.perf_counter() - start
+next_forward, next_backward = time_first_calls()
 print(json.dumps({"once": once, "forward": forward, "backward": backward, "next_forward": next_forward,
                   "next_backward": next_backward}))
 """

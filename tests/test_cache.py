@@ -604,30 +604,6 @@ def test_whole_modules_compile_every_op_on_the_first_call(private_cache, monkeyp
     assert len(list(private_cache.glob(f"*{build.extension_suffix()}"))) == 2
 
 
-def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tmp_path):
-    """An edit inside a CG_CORE function's body reaches the window module only through its core
-    object: the module's key covers the core source, so it is rebuilt, linked with a new object."""
-    seed(SPEC, private_cache)
-    seed_core(SPEC, private_cache)
-    original, built = load(SPEC)
-    assert not built
-    edited = tmp_path / "templates"
-    shutil.copytree(render.TEMPLATE_DIR, edited)
-    pack = edited / "common" / "pack.c.j2"
-    text = pack.read_text()
-    probe = "    /* an edit inside a core function */\n"
-    start = text.index("CG_CORE void pack_b_rows(")
-    body = text.index("\n{\n", start) + 3
-    pack.write_text(text[:body] + probe + text[body:])
-    with convgen.configure(templates=edited):
-        fresh, built = load(SPEC)
-        assert built
-        rendered = fresh.rendered("fwd")
-        assert probe in rendered.core and probe not in rendered.source
-        check_conv(SPEC)
-    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
-
-
 @pytest.mark.parametrize("where", ["environment", "configure"])
 def test_unknown_module_policy_is_refused(private_cache, monkeypatch, where):
     if where == "environment":

@@ -124,19 +124,27 @@ def _check_private_file(path: Path) -> None:
                           f"only this user's files, writable by nobody else, are loaded")
 
 
+def _check_published(path: Path, digest_path: Path, used: Path) -> None:
+    """Raise ImportError unless the published file `path` and its digest are private to this user
+    and `used` (the file itself, or the copy of it that will be used) matches the digest."""
+    try:
+        _check_private_file(path)
+        _check_private_file(digest_path)
+        recorded = digest_path.read_text().strip()
+        if used != path:
+            shutil.copyfile(path, used)
+        actual = file_digest(used)
+    except OSError as exc:
+        raise ImportError(f"cannot read {path.name} or its digest: {exc}") from exc
+    if recorded != actual:
+        raise ImportError(f"{path.name} does not match its recorded digest (truncated or modified)")
+
+
 def _try_load(name: str, so_path: Path, digest_path: Path):
     """The published module, or None if it is absent; raises ImportError if it is damaged or foreign."""
     if not so_path.exists():
         return None
-    try:
-        _check_private_file(so_path)
-        _check_private_file(digest_path)
-        recorded = digest_path.read_text().strip()
-        actual = file_digest(so_path)
-    except OSError as exc:
-        raise ImportError(f"cannot read {so_path.name} or its digest: {exc}") from exc
-    if recorded != actual:
-        raise ImportError(f"{so_path.name} does not match its recorded digest (truncated or modified)")
+    _check_published(so_path, digest_path, so_path)
     return import_extension(name, so_path)
 
 
@@ -212,16 +220,7 @@ def _copy_if_sound(path: Path, digest_path: Path, copy: Path) -> bool:
     file checked is the file used."""
     if not path.exists():
         return False
-    try:
-        _check_private_file(path)
-        _check_private_file(digest_path)
-        recorded = digest_path.read_text().strip()
-        shutil.copyfile(path, copy)
-        actual = file_digest(copy)
-    except OSError as exc:
-        raise ImportError(f"cannot read {path.name} or its digest: {exc}") from exc
-    if recorded != actual:
-        raise ImportError(f"{path.name} does not match its recorded digest (truncated or modified)")
+    _check_published(path, digest_path, copy)
     return True
 
 
