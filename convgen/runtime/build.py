@@ -1,4 +1,5 @@
-"""Compile one rendered kernel module with cffi's out-of-line API mode.
+"""Compile one rendered kernel module with cffi's out-of-line API mode: one translation unit, or a
+split module's own code beside its core object (built through the cache), then linked.
 
 cffi writes the C wrapper (`emit_c_code`); the system compiler is then called directly, so its
 command line is exactly the flags in the cache key and its own error message reaches the user.
