@@ -183,6 +183,36 @@ def load_if_cached(key: str):
         return None
 
 
+def _use_or_build(name: str, path: Path, digest_path: Path, use: Callable[[], object],
+                  build: Callable[[str, Path], Path], what: str, used_as: str):
+    """`use()` of the published file `path` (it returns None if the file is absent, raises ImportError
+    if it is damaged or foreign), building and publishing the file first, once across processes, if
+    there is no sound one. Returns (what use() returned, whether this call built the file)."""
+    directory = path.parent
+    # The common case, a file built earlier, needs no lock.
+    with contextlib.suppress(ImportError):
+        used = use()
+        if used is not None:
+            return used, False
+    with _locked(directory / f"{name}.lock"):
+        # Another process may have published it while this one waited for the lock.
+        try:
+            used = use()
+            if used is not None:
+                return used, False
+        except ImportError as exc:
+            warnings.warn(f"convgen: rebuilding the damaged cached {what} {path.name}: {exc}",
+                          RuntimeWarning, stacklevel=4)
+        _publish(build, name, directory, path, digest_path)
+        try:
+            used = use()
+        except ImportError as exc:
+            raise BuildError(f"the {what} {path.name} was built but cannot be {used_as}: {exc}") from exc
+        if used is None:
+            raise BuildError(f"the {what} {path.name} was built but is not in the cache")
+        return used, True
+
+
 def load_or_build(key: str, build: Callable[[str, Path], Path]):
     """Import the module for `key`, building it first (once, across processes) if needed.
 
@@ -193,40 +223,14 @@ def load_or_build(key: str, build: Callable[[str, Path], Path]):
     name = module_name(key)
     so_path = directory / f"{name}{extension_suffix()}"
     digest_path = directory / f"{name}.sha256"
-    # The common case, a module built earlier, needs no lock.
-    with contextlib.suppress(ImportError):
-        module = _try_load(name, so_path, digest_path)
-        if module is not None:
-            return module, False
-    with _locked(directory / f"{name}.lock"):
-        # Another process may have published it while this one waited for the lock.
-        try:
-            module = _try_load(name, so_path, digest_path)
-            if module is not None:
-                return module, False
-        except ImportError as exc:
-            warnings.warn(f"convgen: rebuilding the damaged cached kernel module {so_path.name}: {exc}",
-                          RuntimeWarning, stacklevel=3)
-        _publish(build, name, directory, so_path, digest_path)
-        try:
-            return import_extension(name, so_path), True
-        except ImportError as exc:
-            raise BuildError(f"the kernel module {so_path.name} was built but cannot be loaded: {exc}") from exc
-
-
-def _copy_if_sound(path: Path, digest_path: Path, copy: Path) -> bool:
-    """Copy the published object `path` to `copy` and check the copy against its digest: False if
-    there is none; ImportError if it is damaged or foreign. The copy is what gets linked, so the
-    file checked is the file used."""
-    if not path.exists():
-        return False
-    _check_published(path, digest_path, copy)
-    return True
+    return _use_or_build(name, so_path, digest_path, lambda: _try_load(name, so_path, digest_path), build,
+                         "kernel module", "loaded")
 
 
 def core_object(key: str, build: Callable[[str, Path], Path], into: Path) -> Path:
     """A checked copy, in the directory `into`, of the core object for `key`, building and publishing
-    it first (once, across processes) if the cache lacks a sound copy.
+    it first (once, across processes) if the cache lacks a sound copy. The copy is what gets linked,
+    so the file checked against its digest is the file used.
 
     `build(name, build_dir)` compiles the object into build_dir and returns its path. Called while
     the lock of the module that links it is held: the locks are always taken module first.
@@ -234,22 +238,14 @@ def core_object(key: str, build: Callable[[str, Path], Path], into: Path) -> Pat
     directory = checked_cache_dir()
     name = CORE_PREFIX + key[:32]
     path, digest_path, copy = directory / f"{name}.o", directory / f"{name}.sha256", into / f"{name}.o"
-    with contextlib.suppress(ImportError):
-        if _copy_if_sound(path, digest_path, copy):
-            return copy
-    with _locked(directory / f"{name}.lock"):
-        try:
-            if _copy_if_sound(path, digest_path, copy):
-                return copy
-        except ImportError as exc:
-            warnings.warn(f"convgen: rebuilding the damaged cached core object {path.name}: {exc}",
-                          RuntimeWarning, stacklevel=3)
-        _publish(build, name, directory, path, digest_path)
-        try:
-            _copy_if_sound(path, digest_path, copy)
-        except ImportError as exc:
-            raise BuildError(f"the core object {path.name} was built but cannot be read back: {exc}") from exc
+
+    def copy_if_sound():
+        if not path.exists():
+            return None
+        _check_published(path, digest_path, copy)
         return copy
+
+    return _use_or_build(name, path, digest_path, copy_if_sound, build, "core object", "read back")[0]
 
 
 def list_modules() -> list[Path]:

@@ -115,11 +115,8 @@ class Kernels:
         toolchain = self.settings.toolchain
 
         def build(name, build_dir):
-            def core():
-                return core_object(core_key(rendered, toolchain),
-                                   lambda core_name, core_dir: build_core_object(core_name, rendered, toolchain, core_dir),
-                                   build_dir)
-            return build_module(name, rendered, toolchain, build_dir, core if rendered.core is not None else None)
+            core = None if rendered.core is None else functools.partial(_core_object, rendered, toolchain, build_dir)
+            return build_module(name, rendered, toolchain, build_dir, core)
 
         module, built = load_or_build(cache_key(rendered, toolchain), build)
         self._register(module, rendered)
@@ -355,6 +352,13 @@ def core_key(rendered: Rendered, toolchain: Toolchain) -> str:
     """Hash of everything that changes the core object a split module links."""
     return module_key("core object", rendered.core, toolchain.compiler, toolchain.version, " ".join(toolchain.cflags),
                       repr(rendered.schedule), __version__, python_abi(), platform.machine())
+
+
+def _core_object(rendered: Rendered, toolchain: Toolchain, into):
+    """A checked copy, in the directory `into`, of the core object the split module `rendered` links,
+    built first if the cache lacks it."""
+    return core_object(core_key(rendered, toolchain),
+                       lambda name, build_dir: build_core_object(name, rendered, toolchain, build_dir), into)
 
 
 def get_kernels(spec: ConvSpec) -> Kernels:
