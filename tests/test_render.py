@@ -6,6 +6,7 @@ import re
 import pytest
 
 from convgen.runtime.kernels import settings
+from convgen.codegen.csource import top_level_items
 from convgen.codegen.render import render
 from convgen.planning.spec import ConvSpec, Window
 
@@ -146,41 +147,21 @@ def preprocess(source):
     return result.stdout
 
 
-_ATTRIBUTE = re.compile(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
-_DECLARED_NAME = re.compile(r"([A-Za-z_]\w*)\s*\(")
+def definitions(source):
+    """{name: top-level item} of `source` preprocessed (convgen.codegen.csource reads it), a name's
+    definition preferred to its declarations."""
+    items = {}
+    for item in top_level_items(preprocess(source)):
+        for name in item.names:
+            if name not in items or "{" in item.text:
+                items[name] = item
+    return items
 
 
-def c_functions(source):
-    """{name: text} of the function definitions of a preprocessed C source, `static` and attributes
-    taken off the text (the core object defines as extern what a module of one unit makes static)."""
-    functions, depth, statement, head, i = {}, 0, 0, "", 0
-    while i < len(source):
-        char = source[i]
-        if char == '"':  # skip string literals (braces in format strings)
-            i = source.index('"', i + 1)
-            while source[i - 1] == "\\":
-                i = source.index('"', i + 1)
-        elif char == "{":
-            if depth == 0:
-                head, body = source[statement:i], i
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                declarator = _ATTRIBUTE.sub("", head).strip()
-                name = _DECLARED_NAME.search(declarator)
-                if name and declarator.endswith(")") and "=" not in declarator.split("(")[0]:
-                    text = re.sub(r"^(static\s+)?(inline\s+)?", "", declarator) + source[body:i + 1]
-                    functions[name.group(1)] = text
-                statement = i + 1
-        elif char == ";" and depth == 0:
-            statement = i + 1
-        i += 1
-    return functions
-
-
-def called(text, names):
-    return {name for name in re.findall(r"\b([A-Za-z_]\w*)\s*\(", text[text.index("{"):]) if name in names}
+def unit_text(item):
+    """An item's text as either unit writes it: the core object defines as extern what a module of
+    one unit makes static."""
+    return re.sub(r"^static\s+", "", item.text.strip())
 
 
 SPLIT_SPECS = [ConvSpec(Window.parse(text), dtype, layout) for text in ("k3s1p1", "k1s1p0", "k5s2p2", "k7s2p3", "k3x5s2x1p1x2d2")
@@ -194,26 +175,27 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
     calls, and everything it calls in turn, is, macros expanded, the function the specialized build of
     one unit compiles, and the window module declares each CG_CORE function and defines none."""
     split = render(spec, schedule, split=True)
-    whole = c_functions(preprocess(render(spec, schedule).source))
-    core = c_functions(preprocess(split.core))
+    whole, core, window = definitions(render(spec, schedule).source), definitions(split.core), definitions(split.source)
     marked = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.core, re.M)
     assert len(marked) >= 20, "the core object should hold the micro-kernels and the dot products"
+    # Everything the core functions reach (functions, types, tables, variables) is as the window's build has it.
     reached, todo = set(), list(marked)
     while todo:
         name = todo.pop()
-        if name not in reached:
+        if name not in reached and name in core:
             reached.add(name)
-            assert core[name] == whole[name], f"{name} differs between the core object and the {spec} build"
-            todo += called(core[name], set(core))
-    window = c_functions(preprocess(split.source))
+            assert name in whole and unit_text(core[name]) == unit_text(whole[name]), \
+                f"{name} differs between the core object and the {spec} build"
+            todo += core[name].uses
     declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
-    assert sorted(declared) == sorted(marked) and not set(marked) & set(window)
-    # A file-scope variable has a copy in each unit: none may be written on one side and read on the
-    # other (the workspace kept between calls lives with the functions that take and give it back).
-    for variable in re.findall(r"^static (?!const\b)[^;(]*?\b(\w+)\s*(?:=[^;]*)?;", preprocess(split.core), re.M):
-        in_core = {name for name in reached if re.search(rf"\b{variable}\b", core[name])}
-        in_window = {name for name, text in window.items() if re.search(rf"\b{variable}\b", text)}
-        assert not (in_core and in_window), f"{variable} is used by {in_core} in the core and by {in_window} beside it"
+    assert sorted(declared) == sorted(marked) and not any(name in window and "{" in window[name].text for name in marked)
+    # A file-scope variable has a copy in each unit: none may be used on both sides (the workspace
+    # kept between calls lives with the functions that take and give it back).
+    for variable in reached:
+        if re.match(r"static (?!const\b)[^(]*?[=;]", core[variable].text.strip()):
+            in_core = {name for name in reached if variable in core[name].uses}
+            in_window = {name for name, item in window.items() if "{" in item.text and variable in item.uses}
+            assert not (in_core and in_window), f"{variable} is used by {in_core} in the core and by {in_window} beside it"
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
