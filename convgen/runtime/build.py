@@ -79,24 +79,28 @@ def check_sanitizer_runtime(cflags) -> None:
                          "$(gcc -print-file-name=libubsan.so)\" ASAN_OPTIONS=detect_leaks=0 python ...")
 
 
+def _compiler(toolchain: Toolchain, rendered: Rendered) -> list[str]:
+    """The compiler with the flags of every step of a module's build: the user's, then the schedule's."""
+    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags]
+
+
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
     """The full compiler command line for one module of one translation unit."""
-    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *FIXED_FLAGS,
-            "-I", toolchain.python_include, str(c_path), "-o", str(so_path)]
+    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, "-I", toolchain.python_include, str(c_path),
+            "-o", str(so_path)]
 
 
 def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path) -> list[str]:
     """The command line that compiles one translation unit of a split module (its own code, or its
     core object) with the module's flags, without linking."""
     flags = [flag for flag in FIXED_FLAGS if flag != "-shared"]
-    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *flags,
-            "-I", toolchain.python_include, "-c", str(c_path), "-o", str(o_path)]
+    return [*_compiler(toolchain, rendered), *flags, "-I", toolchain.python_include, "-c", str(c_path),
+            "-o", str(o_path)]
 
 
 def link_command(toolchain: Toolchain, rendered: Rendered, objects, so_path: Path) -> list[str]:
     """The command line that links a split module's objects into its shared object."""
-    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags, *FIXED_FLAGS,
-            *map(str, objects), "-o", str(so_path)]
+    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, *map(str, objects), "-o", str(so_path)]
 
 
 def _start(command: list[str], toolchain: Toolchain) -> subprocess.Popen:
