@@ -41,6 +41,28 @@ def test_forward_large_enough_for_every_block(window, layout):
         assert_close(y, reference.conv2d(x, weight, layout=layout, **_window_kwargs(window)), np.float64)
 
 
+# NHWC through phase planes (under 128 channel-filter products a group keep them, not the pixel rows):
+# x is split into planes 16 channels of a pixel at a time, transposed in registers where a plane row
+# holds 16 pixels or more; groups of fewer channels are split all at once, by the threads of one
+# image together (batch 1 and 2 on 2 threads) or by a thread per image (batch 4).
+@pytest.mark.parametrize("n, c, h, w, f, window, groups", [
+    (1, 32, 20, 23, 2, FORWARD_WINDOWS[4], 1),   # two runs of 16 channels, rows of 23 pixels
+    (2, 40, 19, 35, 3, FORWARD_WINDOWS[5], 1),   # stride 2: plane rows of 18 pixels; a last run of 8 channels
+    (1, 64, 18, 21, 64, FORWARD_WINDOWS[4], 32),  # 32 groups of 2 channels, one image
+    (4, 64, 9, 17, 64, FORWARD_WINDOWS[5], 32),   # ... four images
+], ids=["c32", "c40-s2", "g32-n1", "g32-n4"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nhwc_phase_planes_split_in_registers(n, c, h, w, f, window, groups, dtype, threads):
+    threads(2)
+    rng = seeded_rng("nhwc-split", n, c, groups, dtype)
+    x, weight = to_layout(rng.standard_normal((n, c, h, w)), rng.standard_normal((f, c // groups, 3, 3)), "NHWC")
+    x, weight = x.astype(dtype), weight.astype(dtype)
+    expected = reference.conv2d(x, weight, layout="NHWC", groups=groups, **_window_kwargs(window))
+    for specialize in (True, False):
+        y = convgen.conv2d(x, weight, layout="NHWC", groups=groups, specialize=specialize, **_window_kwargs(window))
+        assert_close(y, expected, dtype, f"specialize={specialize}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_specialized_and_generic_agree(dtype):
     rng = np.random.default_rng(3)
