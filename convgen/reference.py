@@ -33,6 +33,7 @@ an (h, w) pair (symmetric), ``((top, bottom), (left, right))``, ``"valid"`` or
 ``conv2d_backward`` take PyTorch's ``padding_mode`` too (see :func:`pad`).
 """
 
+import math
 import operator
 
 import numpy as np
@@ -47,6 +48,7 @@ __all__ = [
     "resolve_padding",
     "pad",
     "pad_adjoint",
+    "epilogue",
 ]
 
 _LAYOUTS = ("NCHW", "NHWC")
@@ -421,13 +423,17 @@ def _float64_inputs(layout, bias, **arrays):
 
 
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
-           padding_mode="zeros"):
+           padding_mode="zeros", scale=None, activation=None, residual=None, residual_position="before"):
     """2-D cross-correlation (PyTorch ``conv2d`` semantics).
 
     ``y[n, f, oh, ow] = bias[f] + sum_{c, i, j} w[f, c, i, j] *
     xpad[n, g*Cg + c, oh*sh + i*dh, ow*sw + j*dw]`` where ``g = f // (F/groups)``
     and ``xpad`` is ``x`` padded by (top, bottom, left, right) as ``padding_mode``
     says (PyTorch's ``nn.Conv2d``): "zeros", "reflect", "replicate" or "circular".
+
+    With ``scale`` (F,) the sum is multiplied by ``scale[f]`` before the bias is
+    added; ``activation``, ``residual`` and ``residual_position`` then apply
+    :func:`epilogue` to the result (in float64, before the cast to the result dtype).
 
     Returns ``y`` of shape (N, F, Ho, Wo) for NCHW or (N, Ho, Wo, F) for NHWC.
     """
@@ -447,8 +453,73 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         for cs, fs in _group_slices(G, Cg, Fg):
             # (N, Cg, KH, KW) . (Fg, Cg, KH, KW) -> (N, Fg)
             y[:, fs, oh, ow] = np.tensordot(field[:, cs], w64[fs], axes=([1, 2, 3], [1, 2, 3]))
+    if scale is not None:
+        y *= _bias64(scale, F)[None, :, None, None]
     y += b64[None, :, None, None]
+    if residual is not None:
+        residual = _act_to_nchw(residual, layout)
+        if residual.shape != y.shape:
+            raise ValueError(f"residual: expected the output's shape, got {np.shape(residual)}")
+    y = epilogue(y, activation, residual, residual_position)
     return _act_from_nchw(y, layout, dtype)
+
+
+# The activations by name, each on a float64 array (PyTorch's functions; gelu is the exact one).
+def _gelu(v):
+    return 0.5 * v * (1.0 + np.frompyfunc(math.erf, 1, 1)(v / math.sqrt(2.0)).astype(np.float64))
+
+
+_ACTIVATIONS = {
+    "relu": lambda v: np.where(v < 0, 0.0, v),
+    "silu": lambda v: v / (1.0 + np.exp(-v)),
+    "hardswish": lambda v: v * np.where(v + 3 < 0, 0.0, np.where(v + 3 > 6, 6.0, v + 3)) / 6.0,
+    "gelu": _gelu,
+    "gelu_tanh": lambda v: 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3))),
+    "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+}
+
+
+def _activation(v, activation):
+    """``v`` (float64) through ``activation``: None, a name, or (name, parameters...)."""
+    if activation is None:
+        return v
+    name, params = (activation[0], tuple(activation[1:])) if isinstance(activation, tuple) else (activation, ())
+    if name in ("none", "identity", "linear"):
+        return v
+    if name == "relu6":
+        name, params = "clamp", (0.0, 6.0)
+    elif name == "hardtanh":
+        name, params = "clamp", (-1.0, 1.0)
+    if name == "clamp":
+        low = params[0] if len(params) > 0 and params[0] is not None else -np.inf
+        high = params[1] if len(params) > 1 and params[1] is not None else np.inf
+        return np.where(v < low, low, np.where(v > high, high, v))  # NaN stays NaN (as torch.clamp)
+    if name == "leaky_relu":
+        slope = params[0] if params else 0.01
+        return np.where(v < 0, v * slope, v)
+    if name in _ACTIVATIONS:
+        return _ACTIVATIONS[name](v)
+    raise ValueError(f"activation: unknown {activation!r}")
+
+
+def epilogue(y, activation=None, residual=None, residual_position="before"):
+    """What a fused convolution does to its output ``y`` (float64 here): ``residual``
+    added before the activation (``residual_position="before"``: ``act(y + r)``) or
+    after it (``act(y) + r``). ``activation`` is None, a name ("relu", "relu6", "clamp",
+    "leaky_relu", "silu", "hardswish", "gelu", "gelu_tanh", "sigmoid") or a tuple of
+    a name and its parameters (``("leaky_relu", 0.2)``, ``("clamp", min, max)``),
+    each as PyTorch's function of that name computes it."""
+    y = np.array(y, dtype=np.float64)
+    r = None if residual is None else np.asarray(residual, dtype=np.float64)
+    if residual_position not in ("before", "after"):
+        raise ValueError(f"residual_position: expected 'before' or 'after', got {residual_position!r}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        if r is not None and residual_position == "before":
+            y = y + r
+        y = _activation(y, activation)
+        if r is not None and residual_position == "after":
+            y = y + r
+    return y
 
 
 def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",

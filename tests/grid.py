@@ -2,7 +2,10 @@
 
 import dataclasses
 
+from convgen.planning import planner
+from convgen.planning.epilogue import ACTIVATIONS, Epilogue
 from convgen.planning.spec import ConvSpec, Window
+from convgen.runtime.kernels import settings
 from helpers import to_layout
 
 # Kernel sizes 1-7 (odd and even, square and rectangular), strides 1-3, paddings 0-3.
@@ -211,6 +214,27 @@ def depthwise_specs():
     return specs + [ConvSpec(None, dtype, layout, "depthwise") for layout in LAYOUTS for dtype in DTYPES]
 
 
+# Fused epilogues (tests/test_epilogue.py). Every activation, specialized (each with its residual added
+# before it; relu also without one and after it; a residual alone), on one window, the layouts taking
+# turns; and every family's store sites in both layouts and dtypes under three kinds (the residual
+# before, after and absent), the dtypes taking turns.
+EPILOGUE_WINDOW = Window(3, 1, 1)
+EPILOGUE_ACTIVATIONS = ([(activation, "before") for activation in ACTIVATIONS if activation != "none"]
+                        + [("relu", "none"), ("relu", "after"), ("none", "before")])
+EPILOGUE_FAMILY_KINDS = [(family, layout, DTYPES[(k + l) % 2], kind)
+                         for family in ("direct", "winograd", "depthwise") for l, layout in enumerate(LAYOUTS)
+                         for k, kind in enumerate(("addrelu", "hardswishadd", "clamp"))]
+
+
+def epilogue_specs():
+    specs = [ConvSpec(EPILOGUE_WINDOW, "float32", LAYOUTS[i % 2], epilogue=Epilogue(activation, position))
+             for i, (activation, position) in enumerate(EPILOGUE_ACTIVATIONS)]
+    for family, layout, dtype, kind in EPILOGUE_FAMILY_KINDS:
+        tile = planner.winograd_tile(dtype, settings().schedule()) if family == "winograd" else 0
+        specs.append(ConvSpec(EPILOGUE_WINDOW, dtype, layout, family, tile, Epilogue.parse(kind)))
+    return specs
+
+
 def all_specs():
     specs = []
     for window in FORWARD_WINDOWS + GRADIENT_WINDOWS + PADDING_MODE_WINDOWS:
@@ -222,5 +246,6 @@ def all_specs():
             specs.append(ConvSpec(None, dtype, layout))
     specs += [production.spec() for production in PRODUCTION_CASES]
     specs += depthwise_specs()
+    specs += epilogue_specs()
     return list(dict.fromkeys(specs))
 

@@ -360,7 +360,7 @@ int main(int argc, char **argv)
         {real} *x = read_reals(in, nx), *weight = read_reals(in, nw), *bias = read_reals(in, {f});
         result = malloc(sizeof({real}) * (size_t)ny);
         count = ny;
-        status = {fwd}(x, weight, NULL, bias, result, {n}, {c}, {h}, {w}, {f}, {ho}, {wo}, 1{window}, nthreads);
+        status = {fwd}(x, weight, NULL, bias, NULL, result, 0.0, 0.0, {n}, {c}, {h}, {w}, {f}, {ho}, {wo}, 1{window}, nthreads);
     }} else {{
         {real} *dy = read_reals(in, ny), *x = read_reals(in, nx);
         result = malloc(sizeof({real}) * (size_t)nw);
@@ -401,7 +401,7 @@ def exported(tmp_path_factory):
         if generic:
             args = ", " + ", ".join(str(v) for v in (*window.kernel, *window.stride, window.padding[0][0],
                                                      window.padding[1][0], *window.dilation,
-                                                     PADDING_MODE_IDS[window.padding_mode]))
+                                                     PADDING_MODE_IDS[window.padding_mode], 0, 0))
         main = _MAIN_C.format(name=name, real=spec.c_type, n=N, c=C, h=H, w=W, f=F, ho=ho, wo=wo,
                               nw=F * C * window.kernel[0] * window.kernel[1], window=args,
                               fwd=spec.symbol("fwd"), bwd_weight=spec.symbol("bwd_weight"))
@@ -409,7 +409,7 @@ def exported(tmp_path_factory):
         program = directory / "main"
         command = [GCC, "-O1", *(["-fopenmp"] if openmp else []), "-fno-strict-aliasing", "-Wno-unknown-pragmas",
                    "-o", str(program),
-                   str(directory / "main.c"), str(directory / f"{name}.c")]
+                   str(directory / "main.c"), str(directory / f"{name}.c"), "-lm"]
         compiles[key] = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=directory)
         programs[key] = (program, window, dtype, layout)
     for key, cc in compiles.items():  # compiled side by side

@@ -59,7 +59,7 @@ def test_prepared_weights_give_the_same_bits_as_weights_laid_out_per_call(case, 
         assert prepared.ctypes.data % 64 == 0 and prepared.size == kernels.prepared_size(entry, problem)
         got = np.full_like(want, np.nan)
         # the weights' own argument is NULL: only the prepared form is read
-        args = (x, None, prepared, bias, got) if entry == "fwd" else (dy, None, prepared, got)
+        args = (x, None, prepared, bias, None, got) if entry == "fwd" else (dy, None, prepared, got)
         kernels.call(entry, problem, args)
         np.testing.assert_array_equal(got, want, err_msg=entry)
 

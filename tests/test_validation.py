@@ -462,9 +462,13 @@ def test_only_validated_integers_and_fixed_names_reach_the_c_source():
 
     schedule = settings().schedule()
     window = Window((np.int64(3), 2), (np.int32(2), 1), ((1, np.int16(0)), (2, 1)), (1, np.uint8(2)), "reflect")
+    from convgen.planning.epilogue import ACTIVATIONS, RESIDUALS, Epilogue
+
     fixed = (set(DTYPES) | set(DTYPES.values()) | set(LAYOUTS) | set(FAMILIES) | set(PADDING_MODES)
-             | set(abi.OPS) | set(render.PARTS) | {schedule.isa, schedule.ukernel, convgen.__version__})
-    winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4)
+             | set(abi.OPS) | set(render.PARTS) | set(ACTIVATIONS) | set(RESIDUALS)
+             | {schedule.isa, schedule.ukernel, convgen.__version__})
+    winograd_spec = ConvSpec(Window((np.int64(3), 3), 1, ((np.int8(1), 0), (0, 2))), "float32", "NCHW", "winograd", 4,
+                             Epilogue("leaky_relu", "after", 0.5))
     for spec in (ConvSpec(window, "float32", "nhwc"), ConvSpec(None, np.float64, "NCHW"), winograd_spec):
         context = render.template_context(spec, schedule)
         def allowed(value):

@@ -218,7 +218,7 @@ def _measured_error(tile, dtype, c, offset, h=20, w=20, f=8):
         kernels = convgen.get_kernels(spec)
         problem = conv_problem(x.shape, weight.shape, x.dtype, 1, 1, 1, 1, "NCHW")
         y = np.empty(problem.output_shape, dtype)
-        kernels.call("fwd", problem, (x, weight, None, None, y))
+        kernels.call("fwd", problem, (x, weight, None, None, None, y))
     expected = reference.conv2d(x.astype(np.float64), weight.astype(np.float64), padding=1)
     return float(np.abs(y - expected).max() / np.abs(expected).max())
 

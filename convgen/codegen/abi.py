@@ -5,9 +5,11 @@ declaration come the C signatures the templates define (`signatures`), the cffi 
 prototypes of an exported header, and the size arguments Python passes (`size_arguments`), so the
 order of the int64 arguments, invisible to cffi if two were swapped, is written in one place.
 
-All entry points take the sizes of the forward convolution (x (n, c, h, w) -> y (n, f, ho, wo), in
-`SIZE_PARAMS` order), then, in the generic build only, the window (`WINDOW_PARAMS`, its padding mode
-as one of `PADDING_MODE_IDS`), then the most threads the call may use. A transposed convolution is
+All entry points take their arrays (and the forward pass its epilogue's parameters), the sizes of the
+forward convolution (x (n, c, h, w) -> y (n, f, ho, wo), in `SIZE_PARAMS` order), then, in the generic
+build only, the window (`WINDOW_PARAMS`, its padding mode as one of `PADDING_MODE_IDS`) and the
+forward pass's epilogue (`EPILOGUE_PARAMS`: its activation and residual position as ids), then the
+most threads the call may use. A transposed convolution is
 run as the input gradient of the convolution from its output back to its input (`Problem.conv()`).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..planning.epilogue import ACTIVATIONS, RESIDUALS
 from ..planning.problem import Problem
 from ..planning.spec import PADDING_MODES, ConvSpec
 
@@ -22,29 +25,38 @@ SIZE_PARAMS = ("n", "c", "h", "w", "f", "ho", "wo", "groups")
 WINDOW_PARAMS = ("kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw", "pm")
 # The generic build's padding-mode argument `pm`: what the padding holds.
 PADDING_MODE_IDS = {mode: number for number, mode in enumerate(PADDING_MODES)}
+EPILOGUE_PARAMS = ("act", "res")
+# The generic build's epilogue arguments: which activation (`act`), where the residual is added (`res`).
+ACTIVATION_IDS = {name: number for number, name in enumerate(ACTIVATIONS)}
+RESIDUAL_IDS = {name: number for number, name in enumerate(RESIDUALS)}
 
 
 @dataclasses.dataclass(frozen=True)
 class EntryPoint:
     """One exported C function: its return type and the parameters before the sizes.
 
-    `arrays` are (C type, name) pairs with "real" standing for the element type; `op` is True for
-    the queries that take an op id (OP_IDS) first.
+    `arrays` are (C type, name) pairs with "real" standing for the element type, `scalars` the
+    (C type, name) pairs of the numbers after them; `op` is True for the queries that take an op id
+    (OP_IDS) first.
     """
 
     name: str
     returns: str
     arrays: tuple[tuple[str, str], ...] = ()
     op: bool = False
+    scalars: tuple[tuple[str, str], ...] = ()
 
 
 ENTRY_POINTS = {
     entry.name: entry for entry in (
-        # y = conv2d(x, weight) + bias (bias may be NULL); returns 0, or 1 if its workspace could not be allocated.
+        # y = conv2d(x, weight) + bias (bias may be NULL), then the spec's epilogue (its activation with
+        # parameters alpha and beta; `residual`, shaped as y, added before or after it; NULL without);
+        # returns 0, or 1 if its workspace could not be allocated.
         # `prepared`: NULL, or what `prepare` made of these weights for this op and these sizes, read
         # instead of laying the weights out again (`weight` is then not read).
         EntryPoint("fwd", "int", (("const real *", "x"), ("const real *", "weight"), ("const real *", "prepared"),
-                                  ("const real *", "bias"), ("real *", "y"))),
+                                  ("const real *", "bias"), ("const real *", "residual"), ("real *", "y")),
+                   scalars=(("double", "alpha"), ("double", "beta"))),
         # dx = conv2d's input gradient given dy (also conv_transpose2d of dy); returns 0 or 1. `prepared` as fwd's.
         EntryPoint("bwd_data", "int", (("const real *", "dy"), ("const real *", "weight"), ("const real *", "prepared"),
                                        ("real *", "dx"))),
@@ -100,9 +112,10 @@ def parameters(entry: EntryPoint, spec: ConvSpec) -> list[str]:
     params = ["int op"] if entry.op else []
     params += [f"{ctype.replace('real', spec.c_type)}{name}" if ctype.endswith("*") else f"{ctype} {name}"
                for ctype, name in entry.arrays]
+    params += [f"{ctype} {name}" for ctype, name in entry.scalars]
     params += [f"int64_t {name}" for name in SIZE_PARAMS]
     if not spec.specialized:
-        params += [f"int64_t {name}" for name in WINDOW_PARAMS]
+        params += [f"int64_t {name}" for name in WINDOW_PARAMS + EPILOGUE_PARAMS]
     return params + ["int nthreads"]
 
 
@@ -124,17 +137,19 @@ def cdef(spec: ConvSpec, ops=None) -> str:
 
 
 def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
-    """The size (and, generic, window) arguments of every entry point for `problem`, before nthreads."""
+    """The size (and, generic, window and epilogue) arguments of every entry point for `problem`, before
+    nthreads."""
     conv = problem.conv()
     values = tuple(getattr(conv, name) for name in SIZE_PARAMS)
     if specialized:
         return values
-    window = conv.window
+    window, epilogue = conv.window, problem.epilogue
     (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
     return values + (kh, kw, sh, sw, window.padding[0][0], window.padding[1][0], dh, dw,
-                     PADDING_MODE_IDS[window.padding_mode])
+                     PADDING_MODE_IDS[window.padding_mode],
+                     ACTIVATION_IDS[epilogue.activation], RESIDUAL_IDS[epilogue.residual])
 
 
 __all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "PREPARED_ALIGN", "as_ops", "module_entries",
-           "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "parameters", "signature", "signatures", "cdef",
+           "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "EPILOGUE_PARAMS", "ACTIVATION_IDS", "RESIDUAL_IDS", "parameters", "signature", "signatures", "cdef",
            "size_arguments"]

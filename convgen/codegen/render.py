@@ -117,6 +117,8 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
         "signatures": signatures,
         "op_ids": dict(abi.OP_IDS),
         "padding_mode_ids": dict(abi.PADDING_MODE_IDS),
+        "activation_ids": dict(abi.ACTIVATION_IDS),
+        "residual_ids": dict(abi.RESIDUAL_IDS),
         "isa": schedule.isa,
         "ukernel": schedule.ukernel,
         "VECTOR_BYTES": int(schedule.vector_bytes),
@@ -148,11 +150,14 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
         context.update({name: str(int(v)) for name, v in values.items()})
         # The padding mode is a template constant: only its own border arithmetic is generated.
         context.update(PADDING_MODE=w.padding_mode)
+        # So is the epilogue's kind: only its activation is generated, straight-line.
+        context.update(ACTIVATION=spec.epilogue.activation, RESIDUAL=spec.epilogue.residual)
         context.update(KH_VALUE=w.kernel[0], KW_VALUE=w.kernel[1], TAPS=w.kernel[0] * w.kernel[1])
         context.update(zip(("TAP_BASES", "TAP_LIST"), _tap_layout(w)))
     else:
         context.update({name: f"g->{field}" for name, field in _WINDOW_FIELDS.items()})
         context.update(PADDING_MODE=None)  # chosen at run time by g->pm
+        context.update(ACTIVATION=None, RESIDUAL=None)  # and the epilogue by the arguments act and res
     if spec.family == "winograd":
         context.update(_winograd_context(spec))
     if spec.family == "depthwise":

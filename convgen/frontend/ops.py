@@ -9,12 +9,15 @@ remembered and goes straight to the kernels.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..planning import planner
 from .batching import accepts_unbatched
 from ..runtime.kernels import Kernels, get_kernels, num_threads, settings
-from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, resolve, result_array, split_out
+from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, c_array, resolve, result_array, split_out
+from ..planning.epilogue import NO_EPILOGUE, Epilogue, as_epilogue
 
 # The kernel entry points each op runs (a transposed problem runs them as its conv()).
 OP_ENTRIES = {"conv2d": ("fwd",), "conv2d_backward": ("bwd_data", "bwd_weight"),
@@ -95,16 +98,17 @@ def _signature(op, arrays, params):
 
 
 def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, groups, layout, output_padding=0,
-             padding_mode="zeros"):
+             padding_mode="zeros", epilogue=NO_EPILOGUE):
     """(arrays, _Call) of one call: remembered, or resolved and planned now."""
     key = _signature(op, arrays, (specialize, algorithm, stride, padding, dilation, groups, layout, output_padding,
-                                  padding_mode))
+                                  padding_mode, epilogue))
     call = _CALLS.get(key)
     if call is not None:
         return arrays, call
     specialize = as_flag("specialize", specialize)
     algorithm = planner.as_algorithm(algorithm)
-    arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding, padding_mode)
+    arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding, padding_mode,
+                               epilogue)
     call = _Call(resolved, planner.plan(resolved.problem, specialize, settings().schedule(), algorithm))
     if key is not None:
         if len(_CALLS) >= _CALLS_MAX:
@@ -114,27 +118,33 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
 
 
 def prepare(op: str, arrays, *, specialize=True, algorithm="auto", stride=1, padding=0, dilation=1, groups=1,
-            layout="NCHW", output_padding=0, padding_mode="zeros") -> _Call:
+            layout="NCHW", output_padding=0, padding_mode="zeros", epilogue: Epilogue = NO_EPILOGUE) -> _Call:
     """The checked and planned form of one call of `op` ("conv2d", "conv2d_backward", ... ) on
     `arrays` (its array arguments, as the op takes them, each C-contiguous and of one float dtype),
     for front ends that run the kernels on memory of their own (convgen.torch): `.problem`,
     `.kernels()` and `.empty` (nothing to multiply; the kernels must not be called). Every call with
-    arrays of the same shapes, dtype and layout is checked by it. Raises what the op would."""
+    arrays of the same shapes, dtype and layout is checked by it. conv2d takes an `epilogue`
+    (`convgen.planning.epilogue`; its residual, if any, is the caller's to pass). Raises what the op
+    would."""
     checked, call = _prepare(op, tuple(arrays), specialize, algorithm, stride, padding, dilation, groups, layout,
-                             output_padding, padding_mode)
+                             output_padding, padding_mode, epilogue)
     if any(a is not b for a, b in zip(checked, arrays)):
         raise ValueError(f"{op}: prepare() needs arrays the op takes as they are (C-contiguous, one float dtype)")
     return call
 
 
-def _forward(call: _Call, x, w, bias, out):
-    """y of conv2d or conv_transpose2d: `out` (checked) or a new array."""
+def _forward(call: _Call, x, w, bias, out, residual=None):
+    """y of conv2d or conv_transpose2d: `out` (checked) or a new array; conv2d's epilogue adds
+    `residual` (checked) where it says."""
     resolved, problem = call.resolved, call.problem
     y = result_array("out", out, resolved.result_shapes[0], resolved.dtype, (x, w, bias))
-    if call.empty:  # no input values: every output is the bias alone
+    if residual is not None and np.may_share_memory(residual, y):
+        residual = residual.copy()  # the kernels write y before they read the residual
+    if call.empty:  # no input values: every output is the bias alone, then the epilogue
         y[...] = 0 if bias is None else bias.reshape(_BIAS_SHAPE[problem.layout])
+        _numpy_epilogue(y, problem.epilogue, residual)
     elif not problem.transpose:
-        call.kernels().call("fwd", problem, (x, w, None, bias, y))
+        call.kernels().call("fwd", problem, (x, w, None, bias, residual, y))
     else:
         call.kernels().call("bwd_data", problem, (x, w, None, y))
         if bias is not None:
@@ -159,7 +169,7 @@ def _backward(call: _Call, dy, x, w, out):
         kernels.call("bwd_weight", problem, (dy, x, dw))
     else:  # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged
         kernels = call.kernels()
-        kernels.call("fwd", problem, (dy, w, None, None, dx))
+        kernels.call("fwd", problem, (dy, w, None, None, None, dx))
         kernels.call("bwd_weight", problem, (x, dy, dw))
     _bias_gradient(dy, problem.layout, db)
     return dx, dw, db
@@ -180,9 +190,68 @@ def _bias_gradient(dy, layout, out):
         np.add.reduce(dy, axis=_SPATIAL_AXES[layout], out=out)
 
 
+def _numpy_epilogue(y, epilogue: Epilogue, residual) -> None:
+    """The epilogue on y in place, in NumPy: for the calls whose kernels are not run (nothing to
+    multiply, so y is the bias alone). The kernels' formulas (templates/common/epilogue.c.j2)."""
+    if not epilogue.active:
+        return
+    if epilogue.residual == "before":
+        y += residual
+    a, b, v = epilogue.alpha, epilogue.beta, y.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        if epilogue.activation == "relu":
+            y[v < 0] = 0
+        elif epilogue.activation == "clamp":
+            y[v < a], y[v > b] = a, b
+        elif epilogue.activation == "leaky_relu":
+            y[v < 0] *= a
+        elif epilogue.activation in ("silu", "sigmoid"):
+            y[...] = (v if epilogue.activation == "silu" else 1) / (1 + np.exp(-v))
+        elif epilogue.activation == "hardswish":
+            y[...] = v * np.clip(v + 3, 0, 6) / 6
+        elif epilogue.activation == "gelu":
+            y[...] = 0.5 * v * (1 + np.vectorize(math.erf, otypes=[v.dtype])(v / math.sqrt(2)))
+        elif epilogue.activation == "gelu_tanh":
+            y[...] = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    if epilogue.residual == "after":
+        y += residual
+
+
+def _epilogue_arguments(activation, residual, residual_position) -> Epilogue:
+    """The epilogue of conv2d's keyword arguments (none without an activation or a residual)."""
+    if activation is None and residual is None:
+        return NO_EPILOGUE
+    return as_epilogue(activation, residual is not None, residual_position)
+
+
+def check_residual(residual, call: _Call):
+    """The residual array of a conv2d call, checked: C-contiguous (copied if not), of the output's shape
+    and dtype."""
+    if residual is None:
+        return None
+    residual = c_array("residual", residual, call.resolved.dtype, 4)
+    if residual.shape != call.resolved.result_shapes[0]:
+        raise ValueError(f"residual must have the output's shape {call.resolved.result_shapes[0]}, "
+                         f"got {residual.shape}")
+    return residual
+
+
+def scaled_weights(w, scale, call: _Call):
+    """conv2d's weights with each output channel's filter times `scale` (an (F,) array): conv(x, w)·s =
+    conv(x, w·s), so a per-channel scale (a frozen BatchNorm's) costs nothing in the kernels."""
+    if scale is None:
+        return w
+    channels = call.problem.f
+    scale = c_array("scale", scale, call.resolved.dtype, 1)
+    if scale.shape != (channels,):
+        raise ValueError(f"scale must have shape ({channels},) (one per output channel), got {scale.shape}")
+    return np.ascontiguousarray(w * (scale.reshape(-1, 1, 1, 1) if call.problem.layout == "NCHW" else scale))
+
+
 @accepts_unbatched(2)
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", specialize=True,
-           algorithm="auto", padding_mode="zeros", out=None):
+           algorithm="auto", padding_mode="zeros", scale=None, activation=None, residual=None,
+           residual_position="before", out=None):
     """2-D convolution (cross-correlation, as PyTorch's conv2d).
 
     Parameters
@@ -209,13 +278,23 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         number of filters per group), specialized or generic; "auto" takes it for such calls from
         8 channels up (`depthwise_min_channels`). Winograd and depthwise pad with zeros only: with
         another padding_mode "auto" runs the direct kernels and naming either is refused.
+    scale : optional (F,) array: each output channel's sum times scale[f], before the bias (a frozen
+        BatchNorm is scale = γ/√(σ² + ε) and bias = β − μ·scale). Folded into a copy of the weights.
+    activation : None, or what each output value goes through after the bias, in the kernels' store
+        (a fused epilogue): "relu", "relu6", "clamp", "hardtanh", "leaky_relu", "silu", "hardswish",
+        "gelu" (exact), "gelu_tanh", "sigmoid", each as PyTorch's function of that name, or a tuple
+        with parameters: ("leaky_relu", negative_slope), ("clamp", min, max).
+    residual : optional array shaped as y (a skip connection), added in the same pass: before the
+        activation (residual_position="before", default: y = act(conv + bias + residual), as a
+        ResNet block) or after it ("after": y = act(conv + bias) + residual).
     out : optional preallocated C-contiguous output array of the right shape and dtype.
 
     Returns y: (N, F, Ho, Wo) or (N, Ho, Wo, F), with Ho = (H + top + bottom − dh·(KH − 1) − 1)//sh + 1.
     """
+    epilogue = _epilogue_arguments(activation, residual, residual_position)
     (x, w, bias), call = _prepare("conv2d", (x, w, bias), specialize, algorithm, stride, padding, dilation, groups,
-                                  layout, padding_mode=padding_mode)
-    return _forward(call, x, w, bias, out)
+                                  layout, padding_mode=padding_mode, epilogue=epilogue)
+    return _forward(call, x, scaled_weights(w, scale, call), bias, out, check_residual(residual, call))
 
 
 @accepts_unbatched(2)

@@ -10,6 +10,13 @@ once for one problem, which keeps the weights in the kernels' own layout.
     y = conv(x)              # as convgen.conv2d(x, w, bias, padding=1), without re-laying w
     conv.update(w2)          # the weights changed: lay them out again
 
+A prepared conv2d takes conv2d's fused epilogue too, fixed when it is made (a frozen BatchNorm's
+`scale` folded into the laid-out weights once); with `residual=True` every call passes the array:
+
+    block = convgen.prepare_conv2d(w, shift, input_shape=x.shape, padding=1, scale=gamma_over_sigma,
+                                   activation="relu", residual=True)
+    y = block(x, residual=skip)   # relu(conv(x, w) * scale + shift + skip), one pass
+
 The object keeps the weights' values as they were when laid out (a later change to `w` does not reach
 it until `update`), and it runs the kernels it was prepared with, whatever `configure` block a later
 call sits in: its layout is theirs.
@@ -19,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import _BIAS_SHAPE, _prepare
+from ..planning.epilogue import NO_EPILOGUE
+from .ops import _BIAS_SHAPE, _epilogue_arguments, _numpy_epilogue, _prepare, check_residual, scaled_weights
 from .resolve import result_array
 
 
@@ -31,9 +39,9 @@ class PreparedConv:
     """
 
     __slots__ = ("op", "input_shape", "output_shape", "dtype", "problem", "_kernels", "_entry", "_empty",
-                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs")
+                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs", "_call", "_scale", "_epilogue_kwargs")
 
-    def __init__(self, op: str, w, bias, input_shape, kwargs: dict):
+    def __init__(self, op: str, w, bias, input_shape, kwargs: dict, epilogue_kwargs=None):
         if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 4 or not all(
                 isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in input_shape):
             raise ValueError(f"input_shape must be the 4-D shape of the batched input (ints), got {input_shape!r}")
@@ -42,7 +50,15 @@ class PreparedConv:
         self.op, self.input_shape, self._kwargs = op, tuple(int(n) for n in input_shape), kwargs
         # The op's own checks, on a stand-in x of the input shape (never touched: no pages are written).
         placeholder = np.empty(self.input_shape, w.dtype)
-        (_, w_checked, bias_checked), call = _prepare(op, (placeholder, w, bias), **kwargs)
+        self._epilogue_kwargs = dict(epilogue_kwargs or {})
+        scale = self._epilogue_kwargs.pop("scale", None)
+        epilogue = (NO_EPILOGUE if not self._epilogue_kwargs else
+                    _epilogue_arguments(self._epilogue_kwargs["activation"],
+                                        placeholder if self._epilogue_kwargs["residual"] else None,
+                                        self._epilogue_kwargs["residual_position"]))
+        (_, w_checked, bias_checked), call = _prepare(op, (placeholder, w, bias), epilogue=epilogue, **kwargs)
+        self._call = call
+        self._scale = None if scale is None else scaled_weights(np.ones_like(w_checked), scale, call)
         self.problem, self.dtype = call.problem, call.resolved.dtype
         self.output_shape = tuple(call.resolved.result_shapes[0])
         self._kernels = call.kernels()
@@ -54,6 +70,8 @@ class PreparedConv:
         self._bias = None if bias_checked is None else bias_checked.copy()
 
     def _lay_out(self, w) -> None:
+        if self._scale is not None:
+            w = w * self._scale  # (the scale as weights: a frozen BatchNorm folded in)
         prepared = None if self._empty else self._kernels.prepare_weights(self._entry, self.problem, w)
         # Kernels with nothing to lay out (depthwise) read the weights as they are: keep a copy, so
         # that the values are the ones given, as for the laid-out form.
@@ -76,21 +94,30 @@ class PreparedConv:
             self._bias = None if bias is None else bias.copy()
         self._lay_out(np.ascontiguousarray(w))
 
-    def __call__(self, x, out=None):
+    def __call__(self, x, out=None, residual=None):
         """y for x of `input_shape` (the prepared dtype; copied first if not C-contiguous); `out`: an
-        optional preallocated C-contiguous result of `output_shape`."""
+        optional preallocated C-contiguous result of `output_shape`; `residual`: the array the
+        epilogue adds, shaped as y, when prepared with residual=True (and only then)."""
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a NumPy array, got {type(x).__name__}")
         if x.shape != self.input_shape or x.dtype != self.dtype:
             raise ValueError(f"x must have shape {self.input_shape} and dtype {self.dtype} (what this was "
                              f"prepared for), got {x.shape} {x.dtype}")
+        adds = self.problem.epilogue.residual != "none"
+        if (residual is not None) != adds:
+            raise ValueError("residual must be given: this conv was prepared with residual=True" if adds else
+                             "residual must be None: this conv was prepared without one (residual=True adds it)")
         x = np.ascontiguousarray(x)
         y = result_array("out", out, self.output_shape, self.dtype, (x,))
+        if residual is not None:
+            residual = check_residual(residual, self._call)
+            residual = residual.copy() if np.may_share_memory(residual, y) else residual
         bias = self._bias
         if self._empty:
             y[...] = 0 if bias is None else bias.reshape(_BIAS_SHAPE[self.problem.layout])
+            _numpy_epilogue(y, self.problem.epilogue, residual)
         elif self._entry == "fwd":
-            self._kernels.call("fwd", self.problem, (x, self._weight, self._prepared, bias, y))
+            self._kernels.call("fwd", self.problem, (x, self._weight, self._prepared, bias, residual, y))
         else:
             self._kernels.call("bwd_data", self.problem, (x, self._weight, self._prepared, y))
             if bias is not None:
@@ -111,12 +138,21 @@ def _options(stride, padding, dilation, groups, layout, specialize, algorithm, p
 
 
 def prepare_conv2d(w, bias=None, *, input_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
-                   specialize=True, algorithm="auto", padding_mode="zeros") -> PreparedConv:
+                   specialize=True, algorithm="auto", padding_mode="zeros", scale=None, activation=None,
+                   residual=False, residual_position="before") -> PreparedConv:
     """`conv2d` with weights `w` (and `bias`) laid out once for inputs of `input_shape` (the batched
     4-D shape of x): returns a callable `PreparedConv`, conv(x) giving conv2d(x, w, bias, ...).
-    The keyword arguments are conv2d's, and so are the errors."""
+    The keyword arguments are conv2d's, and so are the errors; its epilogue is fixed here: `scale`
+    is folded into the laid-out weights, and with `residual=True` every call passes the array added
+    (conv(x, residual=r)) before or after the activation, as `residual_position` says."""
+    epilogue = None
+    if scale is not None or activation is not None or residual is not False:
+        if not isinstance(residual, bool):
+            raise TypeError(f"residual must be True or False (whether calls pass one), got {residual!r}")
+        epilogue = dict(scale=scale, activation=activation, residual=residual, residual_position=residual_position)
     return PreparedConv("conv2d", w, bias, input_shape,
-                        _options(stride, padding, dilation, groups, layout, specialize, algorithm, padding_mode))
+                        _options(stride, padding, dilation, groups, layout, specialize, algorithm, padding_mode),
+                        epilogue)
 
 
 def prepare_conv_transpose2d(w, bias=None, *, input_shape, stride=1, padding=0, output_padding=0, dilation=1,

@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from ..planning.epilogue import NO_EPILOGUE
 from ..planning.problem import Problem
 from ..planning.spec import DTYPES, LAYOUTS, PADDING_MODES, Window, as_int, as_pair, explicit_padding
 
@@ -295,11 +296,14 @@ def array_names(op: str) -> tuple[str, str, str]:
 
 
 def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", out_padding=0,
-            padding_mode="zeros"):
+            padding_mode="zeros", epilogue=NO_EPILOGUE):
     """Check one call of `op` (one of OPS) and return (its arrays, converted if needed; Resolved).
 
-    `arrays` are the op's three array arguments in `array_names(op)` order (the bias may be None).
+    `arrays` are the op's three array arguments in `array_names(op)` order (the bias may be None);
+    `epilogue` what conv2d's forward pass does after the bias (the other ops take none).
     """
+    if epilogue.active and op != "conv2d":
+        raise ValueError(f"{op} takes no activation or residual: only conv2d's forward pass fuses them")
     layout = as_layout(layout)
     names = array_names(op)
     dtype = common_dtype(dict(zip(names, arrays)))
@@ -326,6 +330,8 @@ def resolve(op, arrays, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"
             raise ValueError(f"bias must have shape ({problem.f},) (one per output channel), got {bias.shape}")
         shapes = (problem.output_shape,)
         check_new_array("the result", shapes[0], dtype)
+        if epilogue.active:
+            problem = dataclasses.replace(problem, epilogue=epilogue)
     return tuple(checked[name] for name in names), Resolved(op, problem, dtype, shapes)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import winograd
+from .epilogue import NO_EPILOGUE
 from .problem import Problem
 from .schedule import Schedule
 from .spec import WINOGRAD_WINDOW_TEXT, ConvSpec, winograd_computes
@@ -84,7 +85,9 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
     """The plan for `problem`: its family, specialized for its window or generic, under `schedule`."""
     algorithm = as_algorithm(algorithm)
     window = problem.window if specialize else None
-    direct = Plan(ConvSpec(window, problem.dtype, problem.layout), schedule)
+    # A specialized module is generated for the epilogue's kind; the generic one takes it at run time.
+    epilogue = problem.epilogue if specialize else NO_EPILOGUE
+    direct = Plan(ConvSpec(window, problem.dtype, problem.layout, epilogue=epilogue), schedule)
     if algorithm == "direct":
         return direct
     if algorithm in ("auto", "depthwise"):
@@ -92,7 +95,7 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
         if algorithm == "depthwise" and refusal is not None:
             raise ValueError(f"algorithm='depthwise' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
         if refusal is None and (algorithm == "depthwise" or schedule.prefers_depthwise(problem.conv())):
-            return Plan(ConvSpec(window, problem.dtype, problem.layout, "depthwise"), schedule)
+            return Plan(ConvSpec(window, problem.dtype, problem.layout, "depthwise", epilogue=epilogue), schedule)
     if not specialize:
         if algorithm == "winograd":
             raise ValueError("algorithm='winograd' needs specialize=True: the generic build cannot know the window, "
@@ -103,7 +106,8 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
         raise ValueError(f"algorithm='winograd' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
     if algorithm == "auto" and (refusal is not None or not schedule.prefers_winograd(problem.conv())):
         return direct
-    spec = ConvSpec(problem.window, problem.dtype, problem.layout, "winograd", winograd_tile(problem.dtype, schedule))
+    spec = ConvSpec(problem.window, problem.dtype, problem.layout, "winograd", winograd_tile(problem.dtype, schedule),
+                    epilogue)
     return Plan(spec, schedule)
 
 

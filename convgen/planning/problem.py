@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .epilogue import NO_EPILOGUE, Epilogue
 from .spec import Window, cached_hash, state_without_hash
 
 
@@ -49,6 +50,7 @@ class Problem:
     dtype: str = "float32"
     layout: str = "NCHW"
     transpose: bool = False
+    epilogue: Epilogue = NO_EPILOGUE  # what the forward pass does to each output value after the bias
 
     __hash__ = cached_hash  # problems key the kernels' argument cache on every call
     __getstate__ = state_without_hash
@@ -56,7 +58,7 @@ class Problem:
     def transposed(self) -> "Problem":
         """The same window and weights with input and output exchanged (and the direction flipped)."""
         return dataclasses.replace(self, c=self.f, h=self.ho, w=self.wo, f=self.c, ho=self.h, wo=self.w,
-                                   transpose=not self.transpose)
+                                   transpose=not self.transpose, epilogue=NO_EPILOGUE)
 
     def conv(self) -> "Problem":
         """The forward convolution whose kernels compute this call (itself unless transposed)."""

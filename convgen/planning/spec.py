@@ -19,6 +19,8 @@ import re
 
 import numpy as np
 
+from .epilogue import NO_EPILOGUE, TEXT_PATTERN, Epilogue
+
 DTYPES = {"float32": "float", "float64": "double"}
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64"}
 LAYOUTS = ("NCHW", "NHWC")
@@ -253,8 +255,10 @@ class Window:
 
 @dataclasses.dataclass(frozen=True)
 class ConvSpec:
-    """One kernel module: a window (None for the generic build), a dtype, a layout and the
-    algorithm family whose templates (templates/<family>/) it is rendered from."""
+    """One kernel module: a window (None for the generic build), a dtype, a layout, the
+    algorithm family whose templates (templates/<family>/) it is rendered from and, specialized, the
+    kind of epilogue its forward pass applies (`Epilogue.kind()`: the generic build takes it at run
+    time)."""
 
     window: Window | None
     dtype: str = "float32"
@@ -262,6 +266,7 @@ class ConvSpec:
     family: str = "direct"
     tile: int = 0  # winograd: the output tile m of F(m×m, r×r); 0 for the other families
     # (depthwise: groups == input channels, any window; specialized or generic like direct)
+    epilogue: Epilogue = NO_EPILOGUE
 
     __hash__ = cached_hash
     __getstate__ = state_without_hash
@@ -283,6 +288,11 @@ class ConvSpec:
             self._check_winograd()
         elif self.tile != 0:
             raise ValueError(f"tile is a Winograd parameter; the {self.family} family takes none, got {self.tile!r}")
+        if not isinstance(self.epilogue, Epilogue):
+            raise TypeError(f"epilogue must be an Epilogue, got {type(self.epilogue).__name__}")
+        object.__setattr__(self, "epilogue", self.epilogue.kind())
+        if self.window is None and self.epilogue.active:
+            raise ValueError("the generic build takes its epilogue at run time: a generic spec has none")
 
     def _check_winograd(self):
         """Winograd F(m×m, r×r) computes a stride-1, undilated r × r correlation, specialized."""
@@ -296,14 +306,21 @@ class ConvSpec:
     @classmethod
     def parse(cls, text: str, dtype: str = "float32", layout: str = "NCHW", family: str = "direct",
               tile: int = 0) -> "ConvSpec":
-        """A spec from the compact window text ("k3s2p1"), or "generic" for the generic build."""
+        """A spec from the compact window text ("k3s2p1"), with its epilogue after an underscore
+        ("k3s1p1_addrelu"), or "generic" for the generic build."""
         if isinstance(text, str) and text.strip().lower() == "generic":
             return cls(None, dtype, layout, family, tile)
-        return cls(Window.parse(text), dtype, layout, family, tile)
+        window, _, epilogue = text.strip().lower().rpartition("_") if isinstance(text, str) else ("", "", "")
+        if not window or not re.fullmatch(TEXT_PATTERN, epilogue):
+            # Not an epilogue: per-side padding (k3s1p0_1x0_1) has underscores of its own.
+            window, epilogue = text, ""
+        return cls(Window.parse(window), dtype, layout, family, tile, Epilogue.parse(epilogue))
 
     def short(self) -> str:
-        """The compact form: the window text ("k3s2p1") or "generic"."""
-        return self.window.short() if self.window is not None else "generic"
+        """The compact form: the window text ("k3s2p1") or "generic", then any epilogue ("k3s1p1_relu")."""
+        if self.window is None:
+            return "generic"
+        return self.window.short() + (f"_{self.epilogue.text()}" if self.epilogue.active else "")
 
     @property
     def specialized(self) -> bool:
@@ -321,9 +338,12 @@ class ConvSpec:
 
     @property
     def name(self) -> str:
-        """The spec's one text form, also a C identifier: window text (or "generic"), layout, dtype,
-        e.g. k3s2p1_nchw_float32. Symbols, file names and messages all use it."""
-        return f"{self.short()}{self.algorithm_suffix}_{self.layout.lower()}_{self.dtype}"
+        """The spec's one text form, also a C identifier: window text (or "generic"), family, epilogue,
+        layout, dtype, e.g. k3s2p1_nchw_float32, k3s1p1_winograd4_addrelu_nchw_float32. Symbols, file
+        names and messages all use it."""
+        window = self.window.short() if self.window is not None else "generic"
+        epilogue = f"_{self.epilogue.text()}" if self.epilogue.active else ""
+        return f"{window}{self.algorithm_suffix}{epilogue}_{self.layout.lower()}_{self.dtype}"
 
     @property
     def algorithm_suffix(self) -> str:
@@ -341,14 +361,17 @@ class ConvSpec:
         if match is None:
             raise ValueError(f"{symbol!r} is not the symbol of a convgen entry point")
         family, tile = match.group("family") or "direct", int(match.group("tile") or 0)
-        return cls.parse(match.group("window"), match.group("dtype"), match.group("layout").upper(), family, tile)
+        spec = cls.parse(match.group("window"), match.group("dtype"), match.group("layout").upper(), family, tile)
+        epilogue = match.group("epilogue")
+        return dataclasses.replace(spec, epilogue=Epilogue.parse(epilogue)) if epilogue else spec
 
     def __str__(self) -> str:
         return self.name
 
 
 _SYMBOL = re.compile(r"cg_conv2d_[a-z]+(?:_[a-z]+)*?_(?P<window>generic|k[0-9x_spd]+?(?:reflect|replicate|circular)?)"
-                     r"(?:_(?P<family>[a-z]+)(?P<tile>[0-9]*))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
+                     rf"(?:_(?P<family>{'|'.join(f for f in FAMILIES if f != 'direct')})(?P<tile>[0-9]*))?"
+                     rf"(?:_(?P<epilogue>{TEXT_PATTERN}))?_(?P<layout>nchw|nhwc)_(?P<dtype>float32|float64)")
 
 
 WINOGRAD_WINDOW_TEXT = (f"{' or '.join(f'{r}x{r}' for r in WINOGRAD_WINDOWS)} windows at stride 1 without dilation, "

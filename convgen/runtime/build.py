@@ -33,6 +33,8 @@ DEFAULT_CFLAGS = ("-O3",)
 # symbols: the modules of one spec's ops export entry points of the same names, and with only the
 # module's init function visible, no module's call can bind to another's function.
 FIXED_FLAGS = ("-fopenmp", "-fPIC", "-shared", "-fno-strict-aliasing", "-fvisibility=hidden")
+# Linked into every module, after its objects: the math library (the epilogue's exp, erf, tanh).
+LINK_LIBRARIES = ("-lm",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +89,7 @@ def _compiler(toolchain: Toolchain, rendered: Rendered) -> list[str]:
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
     """The full compiler command line for one module of one translation unit."""
     return [*_compiler(toolchain, rendered), *FIXED_FLAGS, "-I", toolchain.python_include, str(c_path),
-            "-o", str(so_path)]
+            "-o", str(so_path), *LINK_LIBRARIES]
 
 
 def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path) -> list[str]:
@@ -100,7 +102,7 @@ def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_pat
 
 def link_command(toolchain: Toolchain, rendered: Rendered, objects, so_path: Path) -> list[str]:
     """The command line that links a split module's objects into its shared object."""
-    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, *map(str, objects), "-o", str(so_path)]
+    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, *map(str, objects), "-o", str(so_path), *LINK_LIBRARIES]
 
 
 def _start(command: list[str], toolchain: Toolchain) -> subprocess.Popen:
@@ -193,4 +195,4 @@ def python_abi() -> str:
     """What a built module depends on besides its source, compiler and flags: the interpreter's
     extension ABI and platform, the cffi that wrote its wrapper, and the flags every build adds."""
     return (f"{sys.implementation.cache_tag}|{extension_suffix()}|{sysconfig.get_platform()}|"
-            f"cffi {cffi.__version__}|{' '.join(FIXED_FLAGS)}")
+            f"cffi {cffi.__version__}|{' '.join(FIXED_FLAGS + LINK_LIBRARIES)}")

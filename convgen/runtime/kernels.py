@@ -128,7 +128,11 @@ class Kernels:
         module was compiled now."""
         if op in self._modules or self._take_whole_if_cached():
             return False
-        if self.settings.modules == "whole" if whole is None else whole:
+        if whole is None:
+            # An epilogue is the forward pass's alone: its spec's gradients would be those of the spec
+            # without one, so a fused call never waits for their compile.
+            whole = self.settings.modules == "whole" and not self.spec.epilogue.active
+        if whole:
             return self.load_whole()
         return self._build(self._render(ops=(op,)))
 
@@ -137,6 +141,8 @@ class Kernels:
         if self._whole_looked_up:
             return False
         self._whole_looked_up = True
+        if self.spec.epilogue.active:
+            return False  # (a fused forward pass builds its own module: see load)
         whole = self._render_whole()
         module = load_if_cached(cache_key(whole, self.settings.toolchain))
         if module is not None:
@@ -194,6 +200,8 @@ class Kernels:
         function, from_buffer, null, _ = self._entry(entry)
         c_array = self._c_array
         pointers = [null if a is None else from_buffer(c_array, a, False) for a in arrays]
+        if entry == "fwd":  # its scalars: the epilogue's parameters
+            pointers += problem.epilogue.arguments
         self._run(function, pointers, problem, nthreads)
 
     def call_addresses(self, entry: str, problem: Problem, addresses, nthreads: int | None = None) -> None:
@@ -202,7 +210,10 @@ class Kernels:
         requires of its arrays: C-contiguous, of the spec's dtype and of the problem's shapes."""
         function, _, null, cast = self._entry(entry)
         pointer = self._c_pointer
-        self._run(function, [cast(pointer, a) if a else null for a in addresses], problem, nthreads)
+        arguments = [cast(pointer, a) if a else null for a in addresses]
+        if entry == "fwd":  # its scalars: the epilogue's parameters
+            arguments += problem.epilogue.arguments
+        self._run(function, arguments, problem, nthreads)
 
     def _entry(self, entry: str) -> tuple:
         """(C function, ffi.from_buffer, NULL, ffi.cast) of `entry`, its module loaded first if need be."""
@@ -376,14 +387,16 @@ def build_all(specs, jobs: int | None = None, on_done=None, ops=None) -> dict:
     """Build (or load from the cache) the kernels of every spec, `jobs` compiles at a time.
 
     By default each spec is one module of every op, compiled once (what a program about to use
-    every op of a spec wants); `ops` ("fwd", "bwd_data", "bwd_weight") builds those ops' own modules
-    instead. Returns {spec: "built" | "cached" | exception}: "built" if any of its modules was compiled
+    every op of a spec wants; a spec with an epilogue, its forward module alone); `ops` ("fwd",
+    "bwd_data", "bwd_weight") builds those ops' own modules instead. Returns {spec: "built" | "cached" | exception}: "built" if any of its modules was compiled
     now, the first exception if one failed. on_done(spec, outcome) is called as each spec is done.
     """
     specs = list(dict.fromkeys(specs))
     loaded = {spec: get_kernels(spec) for spec in specs}
-    jobs_of = {spec: [loaded[spec].load_whole] if ops is None else
-               [functools.partial(loaded[spec].load, op, whole=False) for op in abi.as_ops(ops)] for spec in specs}
+    # (a spec with an epilogue is the forward pass's alone: its module carries that op)
+    jobs_of = {spec: [loaded[spec].load_whole] if ops is None and not spec.epilogue.active else
+               [functools.partial(loaded[spec].load, op, whole=False) for op in abi.as_ops(ops or "fwd")]
+               for spec in specs}
     remaining = {spec: len(jobs_of[spec]) for spec in specs}
     outcomes: dict = {}
 

@@ -34,13 +34,16 @@ _MODE_DOCS = {"reflect": "the image mirrored at its edge, the edge not repeated;
 
 _OP_DOCS = {
     "fwd": """\
-Forward convolution (cross-correlation, as PyTorch's conv2d): y = conv2d(x, weight) + bias.
+Forward convolution (cross-correlation, as PyTorch's conv2d): y = conv2d(x, weight) + bias,
+then the epilogue {epilogue}.
   x         input images {x}
   weight    filters {weight}
   prepared  NULL, or what `prepare` made of these filters for op 0 and these sizes: then read
             instead of weight (which may be NULL), saving the filters' layout on every call
   bias      one per output channel (f), or NULL for none
+  residual  shaped as y, added before or after the activation; NULL when the epilogue adds none
   y         output images {y}, overwritten
+  alpha, beta  the activation's parameters: clamp's min and max, leaky_relu's slope (alpha)
 Returns 0, or 1 if the scratch memory could not be allocated (y is then left untouched).""",
     "bwd_data": """\
 Input gradient: dx = dL/dx given dy = dL/dy, for the forward convolution of the same sizes.
@@ -97,6 +100,19 @@ def compile_hint(rendered: Rendered, name: str) -> str:
     return shlex.join(["cc", *flags, "-c", f"{name}.c"])
 
 
+def _epilogue_doc(spec: ConvSpec) -> str:
+    """What the forward entry point does after the bias, in words."""
+    if not spec.specialized:
+        return "chosen at run time by act and res"
+    epilogue = spec.epilogue
+    if not epilogue.active:
+        return "(none in this build: y is the convolution plus bias)"
+    activation = "no activation" if epilogue.activation == "none" else f"activation {epilogue.activation}"
+    where = {"none": "no residual", "before": "the residual added before the activation",
+             "after": "the residual added after the activation"}[epilogue.residual]
+    return f"of this build: {activation}, {where}"
+
+
 def _sizes_doc(spec: ConvSpec) -> str:
     if spec.specialized:
         w = spec.window
@@ -109,6 +125,7 @@ def _sizes_doc(spec: ConvSpec) -> str:
         ho = f"(h + {pt + pb} - {dh * (kh - 1) + 1}) / {sh} + 1"
         wo = f"(w + {pl + pr} - {dw * (kw - 1) + 1}) / {sw} + 1"
         window_args = ""
+        epilogue_args = ""
     else:
         modes = ", ".join(f"{number} {mode}" + (f" ({_MODE_DOCS[mode]})" if mode in _MODE_DOCS else "")
                           for mode, number in abi.PADDING_MODE_IDS.items())
@@ -118,6 +135,11 @@ def _sizes_doc(spec: ConvSpec) -> str:
         ho = "(h + pt + pb - dh * (kh - 1) - 1) / sh + 1"
         wo = "(w + pl + pr - dw * (kw - 1) - 1) / sw + 1"
         window_args = " kh, kw, sh, sw, pt, pl, dh, dw, pm: the window, as above (pb, pr: bottom and right padding).\n"
+        activations = ", ".join(f"{number} {name}" for name, number in abi.ACTIVATION_IDS.items())
+        residuals = ", ".join(f"{number} {name}" for name, number in abi.RESIDUAL_IDS.items())
+        epilogue_args = textwrap.fill(f"act, res: the forward pass's epilogue (the other ops ignore them): the activation, "
+                                      f"{activations}; where the residual is added, {residuals} (before or after "
+                                      f"the activation).", 96, initial_indent=" ", subsequent_indent="   ") + "\n"
     return f"""\
 {window}
 
@@ -127,7 +149,7 @@ Sizes, the same for every op (those of the forward convolution x -> y):
  ho = {ho}
  wo = {wo}
    (integer division; the padding at the bottom and right is implied by ho and wo).
-{window_args} nthreads: the most threads the call may use (>= 1). Built without OpenMP the call runs
+{window_args}{epilogue_args} nthreads: the most threads the call may use (>= 1). Built without OpenMP the call runs
    on the calling thread.
 """
 
@@ -146,7 +168,8 @@ def header_text(rendered: Rendered) -> str:
     guard = re.sub(r"\W", "_", name).upper() + "_H"
     kh, kw = spec.window.kernel if spec.specialized else ("kh", "kw")
     shapes = {key: value.format(kh=kh, kw=kw) for key, value in _SHAPES[spec.layout].items()}
-    blocks = [_comment(_OP_DOCS[entry].format(ops=_op_ids_doc(), **shapes)) + f"\n{declarator};"
+    blocks = [_comment(_OP_DOCS[entry].format(ops=_op_ids_doc(), epilogue=_epilogue_doc(spec), **shapes))
+              + f"\n{declarator};"
               for entry, declarator in abi.signatures(spec).items()]
     about = f"""\
 {name}.h: 2-D convolution kernels exported by convgen {__version__}. Plain C: no Python, no cffi.
@@ -157,6 +180,7 @@ buffer through several pointer types); -fopenmp gives threads and the arch flag 
 the {rendered.schedule.isa} schedule the code was rendered for, and both may be left out:
     {compile_hint(rendered, name)}
 Without -fopenmp the OpenMP pragmas are ignored (-Wall warns about them: -Wno-unknown-pragmas).
+Link with -lm: the forward pass's epilogue calls the math library (exp, erf, tanh).
 
 Arrays are contiguous, row-major, of {spec.c_type}; their shapes in layout {spec.layout}:
  x {shapes["x"]}, weight {shapes["weight"]}, y {shapes["y"]}.

@@ -514,7 +514,7 @@ class Bound:
             if not problem.transpose:
                 bias_address = 0 if bias is None else bias.contiguous().data_ptr()
                 kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
-                                                        bias_address, y.data_ptr()), threads)
+                                                        bias_address, 0, y.data_ptr()), threads)
             else:
                 kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
                                                              y.data_ptr()), threads)
@@ -549,7 +549,7 @@ class Bound:
                 kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out),
                                                              dx.data_ptr()), threads)
             else:
-                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out), 0,
+                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out), 0, 0,
                                                         dx.data_ptr()), threads)
         if need_w:
             xa = self._x(x)
