@@ -4,6 +4,7 @@
     y = cgt.conv2d(x, weight, bias, stride=1, padding=1)    # as torch.nn.functional.conv2d
     layer = cgt.Conv2d(16, 32, 3, padding=1)                # as torch.nn.Conv2d
     report = cgt.convert(model)                             # swap a model's convolutions in place
+    fast = cgt.fuse(model.eval()).model                     # inference: conv+BN+activation+add fused
 
 The ops are registered as ``torch.ops.convgen.conv2d`` and ``torch.ops.convgen.conv_transpose2d``
 (with their gradients ``..._backward``): autograd, `torch.compile` and `torch.export` treat them as
@@ -27,8 +28,9 @@ if not hasattr(torch.library, "custom_op"):
 
 from .convert import ConvertReport, convert  # noqa: E402
 from .functional import conv2d, conv_transpose2d  # noqa: E402
+from .fuse import FusedConv2d, FuseReport, fuse  # noqa: E402
 from .library import forget_laid_out_weights  # noqa: E402
 from .modules import Conv2d, ConvTranspose2d  # noqa: E402
 
 __all__ = ["conv2d", "conv_transpose2d", "Conv2d", "ConvTranspose2d", "convert", "ConvertReport",
-           "forget_laid_out_weights"]
+           "forget_laid_out_weights", "fuse", "FuseReport", "FusedConv2d"]
