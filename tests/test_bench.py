@@ -535,3 +535,24 @@ def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
         else:
             torch_error, convgen_error = numbers
             assert convgen_error <= 2 * torch_error + 1e-7
+
+
+def test_inference_bench_times_a_fused_model_and_checks_it(tmp_path):
+    """bench/inference.py --quick on the encoder-decoder, channels_last: a row per batch naming the
+    CPU, the fused model's output agreeing with eager's, its preparation timed; the summary line."""
+    out = tmp_path / "inference.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "inference.py"), "--quick", "--models", "encoder_decoder",
+                           "--formats", "channels_last", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = out.read_text()
+    assert "CPU: " in report and "fused / eager: geometric mean" in report
+    rows = [line for line in report.splitlines() if line.startswith("| encoder_decoder | channels_last |")]
+    assert len(rows) == 4  # two batches, then their preparation
+    for row in rows[:2]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[4]) > 0 and cells[5].endswith("×")
+        assert float(cells[6].split()[1]) < 1e-4
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[3]) >= 0 and float(cells[4]) > 0

@@ -79,7 +79,7 @@ def test_version():
     (("show", "k3s1p1", "--generic", "--diff"), "--diff compares a specialized build"),
     (("export", "k3s1p1"), "required: -o/--output"),
     (("compare", "k3s1p1", "--shape", "1,2,3"), "five positive integers"),
-    (("compare", "generic", "--shape", "1,1,4,4,1"), "cannot read 'generic' as a window"),
+    (("compare", "generic", "--shape", "1,1,4,4,1"), "give a window such as k3s1p1, not 'generic'"),
     (("compare", "k7s1p0", "--shape", "1,1,3,3,1"), "does not fit k7s1p0"),
     (("build", "-j", "0"), "expected a positive integer"),
     (("cache", "wipe"), "invalid choice: 'wipe'"),

@@ -357,7 +357,7 @@ def test_rendered_border_code_follows_the_mode():
     for source in sources.values():
         assert "g->pm" not in source and "switch" not in source
     generic = render(ConvSpec(None), schedule).source
-    assert "switch (g->pm)" in generic and "int64_t pm, int nthreads" in generic
+    assert "switch (g->pm)" in generic and "int64_t pm, int64_t act, int64_t res, int nthreads" in generic
 
 
 def test_command_line_reads_the_mode(capsys, tmp_path):

@@ -172,7 +172,7 @@ def test_the_gil_is_released_while_a_kernel_runs(entry, threads):
     y = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
     problem = call_problem("conv2d", x, y, Window(3, 1, 1))
     kernels = kernels_for(problem)
-    arrays = {"fwd": (x, w, None, None, np.empty_like(y)), "bwd_data": (y, w, None, np.empty_like(x)),
+    arrays = {"fwd": (x, w, None, None, None, np.empty_like(y)), "bwd_data": (y, w, None, np.empty_like(x)),
               "bwd_weight": (y, x, np.empty_like(w))}[entry]
 
     def call():

@@ -87,10 +87,13 @@ def _relative(got, want):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
-def test_fused_model_matches_pytorch(dtype, memory_format):
+@pytest.mark.parametrize("computed_in", ["channels_last", "preserve"])
+def test_fused_model_matches_pytorch(dtype, memory_format, computed_in):
+    """Computed in channels_last (the default: a contiguous input converted once, the output returned
+    contiguous) or in each input's own format, in both dtypes."""
     torch.manual_seed(0)
     model = _randomized(Block(), dtype).to(memory_format=memory_format)
-    report = cgt.fuse(model)
+    report = cgt.fuse(model, memory_format=computed_in)
     fused = report.model
     x = torch.randn(2, 3, 20, 22, dtype=dtype).to(memory_format=memory_format)
     with torch.inference_mode():
@@ -183,6 +186,31 @@ def test_fused_module_checks_its_residual():
     assert "epilogue=addrelu" in repr(module)
 
 
-def test_fuse_takes_a_module():
+def test_fuse_takes_a_module_and_a_memory_format():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         cgt.fuse(lambda x: x)
+    with pytest.raises(ValueError, match="memory_format must be one of"):
+        cgt.fuse(nn.Conv2d(1, 1, 1), memory_format="nhwc")
+
+
+def test_channels_last_inside_a_contiguous_model():
+    """By default a contiguous model computes in channels_last: its convolutions see channels_last
+    inputs (convgen's NHWC kernels), and it gives back a contiguous output; with "preserve" they see
+    the input's own format."""
+    model = _randomized(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 8, 3, padding=1)))
+    seen = {}
+    for memory_format in ("channels_last", "preserve"):
+        fused = cgt.fuse(model, memory_format=memory_format).model
+        convs = [m for m in fused.modules() if isinstance(m, FusedConv2d)]
+        handles = [conv.register_forward_pre_hook(
+            lambda module, args, key=memory_format: seen.setdefault(key, []).append(
+                args[0].is_contiguous(memory_format=torch.channels_last) and not args[0].is_contiguous()))
+            for conv in convs]
+        x = torch.randn(2, 3, 10, 10)
+        with torch.no_grad():
+            y = fused(x)
+            assert y.is_contiguous() and _relative(y, model(x)) <= 1e-4
+        for handle in handles:
+            handle.remove()
+    assert seen == {"channels_last": [True, True], "preserve": [False, False]}

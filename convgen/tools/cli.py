@@ -91,6 +91,18 @@ def _window(text: str) -> Window:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _window_and_epilogue(text: str) -> ConvSpec:
+    """A 2-D window, with an epilogue after it or not ("k3s1p1", "k3s1p1_addrelu"), as a spec."""
+    try:
+        spec = ConvSpec.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not spec.specialized:
+        raise argparse.ArgumentTypeError("compare times a window's builds against each other: give a window "
+                                         "such as k3s1p1, not 'generic'")
+    return spec
+
+
 def _shape(text: str):
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -264,14 +276,15 @@ def cmd_export(args) -> int:
 # ---------------------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
     from .compare import compare_layer, format_rows
-    window = args.spec
+    window, epilogue = args.spec.window, args.spec.epilogue
     n, c, h, w, f = args.shape
     try:
         window.output_size((h, w))
     except ValueError as exc:
         raise UsageError(f"--shape {n},{c},{h},{w},{f} does not fit {window.short()}: {exc}") from None
-    print(f"conv2d {window.short()} {args.dtype} NCHW, x ({n}, {c}, {h}, {w}) -> {f} channels")
-    print(format_rows(compare_layer(window, n, c, h, w, f, args.dtype, repeat=args.repeat)))
+    fused = f", then {epilogue}" if epilogue.active else ""
+    print(f"conv2d {window.short()} {args.dtype} NCHW, x ({n}, {c}, {h}, {w}) -> {f} channels{fused}")
+    print(format_rows(compare_layer(window, n, c, h, w, f, args.dtype, repeat=args.repeat, epilogue=epilogue)))
     return EXIT_OK
 
 
@@ -403,7 +416,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = command("compare", "time specialized vs generic vs NumPy (and PyTorch when installed) on one NCHW layer",
                 "convgen compare k3s1p1 --shape 8,64,56,56,64 --repeat 5", cmd_compare)
-    p.add_argument("spec", type=_window, metavar="SPEC", help="the window, e.g. k3s1p1 or k3s1p1reflect")
+    p.add_argument("spec", type=_window_and_epilogue, metavar="SPEC",
+                   help="the window, e.g. k3s1p1 or k3s1p1reflect, and any fused epilogue after it (k3s1p1_addrelu: "
+                        "a residual added, then relu; every implementation computes the same)")
     p.add_argument("--shape", type=_shape, required=True, metavar="N,C,H,W,F",
                    help="batch, input channels, height, width, output channels")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")

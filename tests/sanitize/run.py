@@ -59,7 +59,9 @@ QUICK = ["--noconftest", "tests/test_validation.py", "tests/test_properties.py",
         "1x7x9x9-11-k1s3p0-g1", "2x9x4x3-13-k5s1p2-g1", "1x24x1x1-130-k3s1p1-g1", "1x6x17x17-64-k3s1p1-g1",
         "2x40x7x6-12-k3s1p1-g1") for layout in ("NHWC", "NCHW")] + \
     [f"tests/test_pixel_rows.py::test_padding_modes[generic-{mode}-{layout}]" for mode in ("reflect", "circular")
-     for layout in ("NHWC", "NCHW")]
+     for layout in ("NHWC", "NCHW")] + \
+    [f"tests/test_epilogue.py::test_generic_build_every_activation_in_every_family[{position}-{family}-{layout}-float32]"
+     for position, family in (("before", "direct"), ("after", "depthwise")) for layout in ("NCHW", "NHWC")]
 QUICK_WINDOWS = "k3s2p1 k3s1p1"
 _BOTH = [(dtype, layout) for dtype in ("float32", "float64") for layout in ("NCHW", "NHWC")]
 QUICK_SPECS = [("k3s2p1", *both) for both in _BOTH] + [("generic", *both) for both in _BOTH] + \
