@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from ..frontend import ops as convgen_ops
 from ..planning.epilogue import NO_EPILOGUE, Epilogue, as_epilogue
 from ..runtime.kernels import settings
+from ..runtime.memory import advise_huge_pages
 from .convert import _HOOKS
 from .library import DTYPES, KINDS, _eager, _in_layout, _numpy, channels_last
 
@@ -220,6 +221,7 @@ class FusedConv2d(nn.Module):
         problem = call.problem
         shape = problem.output_shape  # in the layout's order
         y = torch.empty(shape, dtype=x.dtype)
+        advise_huge_pages(y.data_ptr(), y.numel() * y.element_size())
         if residual is not None:
             r = _in_layout(_KIND, residual, last)
             if tuple(r.shape) != tuple(shape):

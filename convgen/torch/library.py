@@ -39,6 +39,7 @@ from ..planning.planner import as_algorithm
 from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
 from ..planning.spec import Window, as_int, explicit_padding
 from ..runtime.kernels import settings
+from ..runtime.memory import advise_huge_pages
 
 DTYPES = (torch.float32, torch.float64)
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -485,6 +486,7 @@ class Bound:
     def _image(self, array_shape, like):
         """A new tensor of the layout's shape, as the logical (N, C, *spatial) tensor it holds."""
         t = torch.empty(array_shape, dtype=like.dtype)
+        advise_huge_pages(t.data_ptr(), t.numel() * t.element_size())
         return t.permute(self.kind.from_last) if self.last else t
 
     def run(self, x, weight, bias):
