@@ -73,6 +73,7 @@ def run_case(name: str, fmt: str, batch: int, size: int, repeat: int, compile_: 
         if compile_:
             import torch._inductor.config as inductor_config
             inductor_config.freezing = True
+            inductor_config.compile_threads = 1  # no pool of compile workers left busy beside the timing
             torch._dynamo.reset()
             compiled = torch.compile(eager)
             row["compile_s"] = _first(lambda: compiled(x))
