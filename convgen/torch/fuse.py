@@ -125,8 +125,8 @@ def _residual_of(node, value):
     other = b if a is value else a if b is value else None
     if not isinstance(other, torch.fx.Node) or other is value:
         return None
-    if node.op == "call_method" and node.target == "add_" and a is not value:
-        return None  # other.add_(value) writes into the residual: leave it
+    if a is not value and (node.target is operator.iadd or (node.op == "call_method" and node.target == "add_")):
+        return None  # other += value writes into the residual, which later nodes may read: leave it
     return other
 
 
