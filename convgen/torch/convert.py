@@ -51,6 +51,18 @@ class ConvertReport:
         return "\n".join(lines)
 
 
+def weights_refusal(module: torch.nn.Module, replacement: str) -> str | None:
+    """Why convgen cannot take over a convolution module's weights as they are (their dtype or device,
+    hooks that `replacement`, "a swap" or "fusing", would drop), or None."""
+    if module.weight.dtype not in DTYPES:
+        return f"dtype {module.weight.dtype}: convgen computes float32 and float64"
+    if module.weight.device.type != "cpu":
+        return f"on device {module.weight.device}: convgen runs on the CPU"
+    if any(getattr(module, hooks, None) for hooks in _HOOKS):
+        return f"has forward or backward hooks (old-style weight_norm is one), which {replacement} would drop"
+    return None
+
+
 def _reason_to_leave(module: torch.nn.Module) -> str | None:
     """Why a convolution module cannot be swapped, or None if it can."""
     if isinstance(module, tuple(TWINS.values())):
@@ -64,12 +76,9 @@ def _reason_to_leave(module: torch.nn.Module) -> str | None:
             if isinstance(module, base):
                 return f"a subclass of torch.nn.{base.__name__}, whose forward may differ"
         return f"convgen computes {', '.join(base.__name__ for base in TWINS)}, not {type(module).__name__}"
-    if module.weight.dtype not in DTYPES:
-        return f"dtype {module.weight.dtype}: convgen computes float32 and float64"
-    if module.weight.device.type != "cpu":
-        return f"on device {module.weight.device}: convgen runs on the CPU"
-    if any(getattr(module, hooks, None) for hooks in _HOOKS):
-        return "has forward or backward hooks (old-style weight_norm is one), which a swap would drop"
+    refusal = weights_refusal(module, "a swap")
+    if refusal is not None:
+        return refusal
     extra = sorted(set(module._parameters) - {"weight", "bias"}) + sorted(module._buffers)
     if extra:
         return f"holds more than a weight and a bias ({', '.join(extra)})"

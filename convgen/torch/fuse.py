@@ -38,8 +38,8 @@ from ..frontend import ops as convgen_ops
 from ..planning.epilogue import NO_EPILOGUE, Epilogue, as_epilogue
 from ..runtime.kernels import settings
 from ..runtime.memory import advise_huge_pages
-from .convert import _HOOKS
-from .library import DTYPES, KINDS, _eager, _in_layout, _numpy, channels_last
+from .convert import _HOOKS, weights_refusal
+from .library import KINDS, _eager, _in_layout, _numpy, channels_last
 
 _KIND = KINDS["conv2d"]
 
@@ -280,12 +280,9 @@ def _conv_refusal(module: nn.Module) -> str | None:
     if type(module) is not nn.Conv2d:
         return None if not isinstance(module, (nn.Conv1d, nn.Conv3d, nn.ConvTranspose2d, nn.Conv2d)) else (
             f"fuse takes Conv2d chains; {type(module).__name__} is left to PyTorch (convgen.torch.convert computes it)")
-    if module.weight.dtype not in DTYPES:
-        return f"dtype {module.weight.dtype}: convgen computes float32 and float64"
-    if module.weight.device.type != "cpu":
-        return f"on device {module.weight.device}: convgen runs on the CPU"
-    if any(getattr(module, hooks, None) for hooks in _HOOKS):
-        return "has forward or backward hooks, which fusing would drop"
+    refusal = weights_refusal(module, "fusing")
+    if refusal is not None:
+        return refusal
     if torch.nn.utils.parametrize.is_parametrized(module):
         return "parametrized: its weight is computed on each call"
     return None
