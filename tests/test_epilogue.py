@@ -261,3 +261,46 @@ def test_other_ops_take_no_epilogue():
                      epilogue=Epilogue("relu"))
     with pytest.raises(TypeError):
         convgen.conv_transpose2d(x, weight, activation="relu")
+
+
+@pytest.mark.parametrize("layout", ["NCL", "NLC"])
+def test_conv1d_takes_the_epilogue(layout):
+    rng = seeded_rng("epilogue-1d", layout)
+    x, w = rng.standard_normal((2, 8, 30)), rng.standard_normal((12, 8, 5))
+    bias, scale = rng.standard_normal(12), rng.uniform(0.5, 2, 12)
+    y_shape = (2, 12, 30)
+    residual = rng.standard_normal(y_shape)
+    expected = reference.conv2d(x[:, :, None], w[:, :, None], bias, padding=(0, 2), scale=scale,
+                                activation=("leaky_relu", 0.3), residual=residual[:, :, None])[:, :, 0]
+    if layout == "NLC":
+        x, w, residual, expected = x.transpose(0, 2, 1), w.transpose(2, 1, 0), residual.transpose(0, 2, 1), \
+            expected.transpose(0, 2, 1)
+    x, w, residual = (np.ascontiguousarray(a) for a in (x, w, residual))
+    y = convgen.conv1d(x, w, bias, padding=2, layout=layout, scale=scale, activation=("leaky_relu", 0.3),
+                       residual=residual)
+    np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-10)
+    # unbatched: the residual without its batch axis too
+    y0 = convgen.conv1d(x[0], w, bias, padding=2, layout=layout, scale=scale, activation=("leaky_relu", 0.3),
+                        residual=residual[0])
+    np.testing.assert_allclose(y0, expected[0], rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="residual must be unbatched like x"):
+        convgen.conv1d(x[0], w, bias, padding=2, layout=layout, activation="relu", residual=residual)
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_conv3d_takes_the_epilogue(layout):
+    """The depth taps fold into the channels: the residual is taken as the output's depth slices."""
+    rng = seeded_rng("epilogue-3d", layout)
+    x, w = rng.standard_normal((2, 4, 5, 6, 7)), rng.standard_normal((6, 4, 3, 3, 3))
+    bias, residual = rng.standard_normal(6), rng.standard_normal((2, 6, 5, 6, 7))
+    last = layout == "NDHWC"
+    if last:
+        x, w, residual = x.transpose(0, 2, 3, 4, 1), w.transpose(2, 3, 4, 1, 0), residual.transpose(0, 2, 3, 4, 1)
+    x, w, residual = (np.ascontiguousarray(a) for a in (x, w, residual))
+    y = convgen.conv3d(x, w, bias, padding=1, layout=layout, activation="silu", residual=residual,
+                       residual_position="after")
+    plain = reference.conv3d(x, w, bias, padding=1, layout=layout)
+    expected = reference.epilogue(plain, "silu") + residual
+    np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        convgen.conv3d(x, w, bias, padding=1, layout=layout, activation="relu", residual=residual[:, :4])

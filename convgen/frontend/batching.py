@@ -4,7 +4,8 @@ Every op (1-D, 2-D and 3-D, forward and backward) is wrapped by `accepts_unbatch
 that knows about unbatched calls. An op of spatial rank r takes batched arrays of r + 2 dimensions
 (x (N, C, ...)); given x of r + 1 dimensions (C, ...) it runs on a batch of one, made by adding the
 batch axis as a view (no copy), and drops that axis from the result again (a view too). `out=` of
-an unbatched call has the unbatched shape. A backward op needs dy and x both batched or both not.
+an unbatched call has the unbatched shape, and so has a fused epilogue's `residual`. A backward op
+needs dy and x both batched or both not.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def accepts_unbatched(rank: int):
         def forward(x, w, bias=None, *, out=None, **keywords):
             if (x.ndim if type(x) is np.ndarray else _ndim(x)) != batched - 1:
                 return op(x, w, bias, out=out, **keywords)
+            if keywords.get("residual") is not None:  # (a fused epilogue's: shaped as the unbatched result)
+                residual = keywords["residual"]
+                if _ndim(residual) != batched - 1:
+                    raise ValueError(f"residual must be unbatched like x ({batched - 1} dimensions), got shape "
+                                     f"{np.shape(residual)}")
+                keywords["residual"] = _with_batch(residual)
             y = op(_with_batch(x), w, bias, out=_batched_out("out", out, batched - 1), **keywords)
             return y[0] if out is None else out
 

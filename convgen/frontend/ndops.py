@@ -196,10 +196,12 @@ def _row_weights(w, layout):
     return w[:, :, np.newaxis] if layout == "NCL" else w[np.newaxis]
 
 
-def _forward_1d(call, x, w, bias, out, keywords):
+def _forward_1d(call, x, w, bias, out, keywords, fused):
     planar_op = ops.conv_transpose2d if call.transposed else ops.conv2d
     y = result_array("out", out, call.output_shape, call.dtype, (x, w, bias))
-    planar_op(_row(x, call.layout), _row_weights(w, call.layout), bias, out=_row(y, call.layout), **keywords)
+    if fused.get("residual") is not None:
+        fused = dict(fused, residual=_row(fused["residual"], call.layout))
+    planar_op(_row(x, call.layout), _row_weights(w, call.layout), bias, out=_row(y, call.layout), **keywords, **fused)
     return y
 
 
@@ -250,14 +252,18 @@ def _bias_view(bias, layout):
     return bias.reshape(-1, 1, 1, 1) if layout == "NCDHW" else bias
 
 
-def _forward_3d(call, x, w, bias, out, keywords):
+def _forward_3d(call, x, w, bias, out, keywords, fused):
     fold, layout = _fold(call), call.layout
     y = result_array("out", out, call.output_shape, call.dtype, (x, w, bias))
     w2 = _folded_weights(w, layout)
     if not call.transposed:
         x2 = fold.gather(x, layout, call.groups)
         planar_out = y.reshape(x2.shape[0], *y.shape[2:]) if layout == "NDHWC" else None  # a view
-        y2 = ops.conv2d(x2, w2, bias, out=planar_out, **keywords)
+        if fused.get("residual") is not None:  # (as the output's depth slices: a view in NDHWC)
+            residual = fused["residual"]
+            residual = residual.copy() if np.may_share_memory(residual, y) else residual
+            fused = dict(fused, residual=slices_as_batch(residual, layout))
+        y2 = ops.conv2d(x2, w2, bias, out=planar_out, **keywords, **fused)
         return batch_into_slices(y2, layout, y)
     # conv_transpose3d: conv_transpose2d of every depth slice onto the folded channels, then the
     # adjoint of the gather adds each folded channel into its output depth.
@@ -288,13 +294,26 @@ def _backward_3d(call, dy, x, w, out, keywords):
 
 
 # ------------------------------------------------------------------------------------- the ops
+def _fused(scale, activation, residual, residual_position) -> dict:
+    """The epilogue keywords of a forward call, for the 2-D op that runs it."""
+    if scale is None and activation is None and residual is None:
+        return {}
+    return dict(scale=scale, activation=activation, residual=residual, residual_position=residual_position)
+
+
 def _forward(op, rank, x, w, bias, stride, padding, output_padding, dilation, groups, layout, specialize, algorithm,
-             padding_mode, out):
+             padding_mode, out, fused=None):
     (x, w, bias), call = resolve_nd(op, rank, (x, w, bias), stride, padding, dilation, groups, layout,
                                     output_padding, padding_mode)
     specialize, algorithm = _check_algorithm(call, specialize, algorithm)
     keywords = dict(call.planar_keywords(), specialize=specialize, algorithm=algorithm)
-    return (_forward_1d if rank == 1 else _forward_3d)(call, x, w, bias, out, keywords)
+    fused = {key: value for key, value in (fused or {}).items() if value is not None}
+    if fused.get("residual") is not None:
+        residual = c_array("residual", fused["residual"], call.dtype, rank + 2)
+        if residual.shape != tuple(call.output_shape):
+            raise ValueError(f"residual must have the output's shape {tuple(call.output_shape)}, got {residual.shape}")
+        fused["residual"] = residual
+    return (_forward_1d if rank == 1 else _forward_3d)(call, x, w, bias, out, keywords, fused)
 
 
 def _backward(op, rank, dy, x, w, stride, padding, output_padding, dilation, groups, layout, specialize, algorithm,
@@ -308,7 +327,8 @@ def _backward(op, rank, dy, x, w, stride, padding, output_padding, dilation, gro
 
 @accepts_unbatched(1)
 def conv1d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCL", specialize=True,
-           algorithm="auto", padding_mode="zeros", out=None):
+           algorithm="auto", padding_mode="zeros", scale=None, activation=None, residual=None,
+           residual_position="before", out=None):
     """1-D convolution (cross-correlation, as PyTorch's conv1d).
 
     x : (N, C, L) for layout "NCL", (N, L, C) for "NLC"; unbatched (C, L) / (L, C) gives an unbatched y.
@@ -318,12 +338,14 @@ def conv1d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     padding : an int, (p,), ((before, after),), "valid" or "same".
     padding_mode : "zeros" (default), "reflect", "replicate" or "circular": what the border reads.
     groups, specialize, algorithm, out : as `convgen.conv2d`.
+    scale, activation, residual, residual_position : the fused epilogue, as `convgen.conv2d`'s (the
+        residual shaped as y).
 
     Returns y: (N, F, Lo) or (N, Lo, F), Lo = (L + before + after − d·(K − 1) − 1)//s + 1. Runs on the
     2-D kernel of the 1 × K window with a unit height axis (views of the arrays, no copies).
     """
     return _forward("conv1d", 1, x, w, bias, stride, padding, 0, dilation, groups, layout, specialize, algorithm,
-                    padding_mode, out)
+                    padding_mode, out, _fused(scale, activation, residual, residual_position))
 
 
 @accepts_unbatched(1)
@@ -358,7 +380,8 @@ def conv_transpose1d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
 
 @accepts_unbatched(3)
 def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCDHW", specialize=True,
-           algorithm="auto", padding_mode="zeros", out=None):
+           algorithm="auto", padding_mode="zeros", scale=None, activation=None, residual=None,
+           residual_position="before", out=None):
     """3-D convolution (cross-correlation, as PyTorch's conv3d).
 
     x : (N, C, D, H, W) for layout "NCDHW", (N, D, H, W, C) for "NDHWC"; unbatched (C, D, H, W) /
@@ -368,13 +391,14 @@ def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     padding : an int, (d, h, w) (each an int or a (before, after) pair), "valid" or "same".
     padding_mode, groups, specialize, algorithm, out : as `conv1d`. Winograd computes a 3×3 height ×
         width window at stride 1 without dilation, with any depth window.
+    scale, activation, residual, residual_position : the fused epilogue, as `convgen.conv2d`'s.
 
     Returns y: (N, F, Do, Ho, Wo) or (N, Do, Ho, Wo, F). Runs on the 2-D kernel of the height × width
     window with the depth taps folded into the channels (`convgen.frontend.depthfold`: it copies the input
     KD/sd times over, and in NCDHW transposes the output once).
     """
     return _forward("conv3d", 3, x, w, bias, stride, padding, 0, dilation, groups, layout, specialize, algorithm,
-                    padding_mode, out)
+                    padding_mode, out, _fused(scale, activation, residual, residual_position))
 
 
 @accepts_unbatched(3)
