@@ -238,3 +238,35 @@ def test_channels_last_inside_a_contiguous_model():
         for handle in handles:
             handle.remove()
     assert seen == {"channels_last": [True, True], "preserve": [False, False]}
+
+
+def test_a_large_output_is_written_again_only_once_nothing_holds_it():
+    """An output of KEPT_OUTPUT_BYTES or more is kept and the next call writes there, but only when
+    no tensor, view or array of it is left (then nobody could see the write)."""
+    from convgen.torch.fuse import KEPT_OUTPUT_BYTES
+
+    model = _randomized(nn.Sequential(nn.Conv2d(16, 96, 1), nn.BatchNorm2d(96), nn.ReLU6()))
+    fused = cgt.fuse(model, memory_format="preserve").model
+    x = torch.randn(8, 16, 112, 112)
+    with torch.no_grad():
+        want = model(x)
+        first = fused(x)
+        assert first.numel() * 4 >= KEPT_OUTPUT_BYTES
+        address = first.data_ptr()
+        held = fused(x)                       # the first output is still held: a new one
+        assert held.data_ptr() != address and torch.equal(held, first)
+        del first
+        view = held[0]
+        del held
+        again = fused(x)                      # a view of the last one lives: a new one
+        assert again.data_ptr() != view.data_ptr()
+        array = again.numpy()
+        address = again.data_ptr()
+        del again
+        after = fused(x)                      # an array of it lives: a new one
+        assert after.data_ptr() != address
+        address = after.data_ptr()
+        del after, array, view
+        last = fused(x)                       # nothing holds it: written again
+        assert last.data_ptr() == address
+        assert _relative(last, want) <= 1e-4

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 
 import numpy as np
 import torch
@@ -160,6 +161,7 @@ class FusedConv2d(nn.Module):
         self.epilogue = as_epilogue(activation, residual_position is not None, residual_position or "before")
         self._activate = _torch_activation(activation)
         self._bound: dict = {}  # input signature -> (call, weights in the layout, laid out, version)
+        self._kept = None  # the last large output (see _output)
 
     def extra_repr(self) -> str:
         text = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
@@ -220,13 +222,12 @@ class FusedConv2d(nn.Module):
         call, w_array, laid_out, bias, last = self._planned(x, residual)
         problem = call.problem
         shape = problem.output_shape  # in the layout's order
-        y = torch.empty(shape, dtype=x.dtype)
-        advise_huge_pages(y.data_ptr(), y.numel() * y.element_size())
         if residual is not None:
             r = _in_layout(_KIND, residual, last)
             if tuple(r.shape) != tuple(shape):
-                raise ValueError(f"residual must have the output's shape {tuple(y.permute(_KIND.from_last).shape) if last else tuple(shape)}, "
-                                 f"got {tuple(residual.shape)}")
+                raise ValueError(f"residual must have the output's shape {tuple(problem.conv().output_shape)} "
+                                 f"(in the layout's order), got {tuple(r.shape)}")
+        y = self._output(shape, x.dtype)
         if call.empty:
             convgen_ops._numpy_epilogue(_fill_bias(y, bias, last), problem.epilogue,
                                         None if residual is None else _numpy(r))
@@ -236,7 +237,38 @@ class FusedConv2d(nn.Module):
                 "fwd", problem, (xa.data_ptr(), w_array.ctypes.data, 0 if laid_out is None else laid_out.ctypes.data,
                                  0 if bias is None else bias.ctypes.data, 0 if residual is None else r.data_ptr(),
                                  y.data_ptr()), torch.get_num_threads())
+        if y.numel() * y.element_size() >= KEPT_OUTPUT_BYTES:
+            self._kept = y
         return y.permute(_KIND.from_last) if last else y
+
+    def _output(self, shape, dtype) -> torch.Tensor:
+        """The call's output tensor: the last call's, kept, when it is as large as KEPT_OUTPUT_BYTES and
+        nothing but this module holds it or its memory any more (no tensor, view or array: the model
+        that read it is done with it); else a new one, its memory marked for huge pages."""
+        kept, self._kept = self._kept, None
+        if kept is not None and tuple(kept.shape) == tuple(shape) and kept.dtype == dtype and _only_ours(kept):
+            return kept
+        del kept
+        y = torch.empty(shape, dtype=dtype)
+        advise_huge_pages(y.data_ptr(), y.numel() * y.element_size())
+        return y
+
+
+# Outputs this large come from the system afresh on every allocation (glibc maps each one past 32 MiB
+# anew and unmaps it when freed), their pages faulted in again by each call's first write: a
+# FusedConv2d keeps its last one and writes into it again once its readers are done with it.
+KEPT_OUTPUT_BYTES = 32 << 20
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _only_ours(t: torch.Tensor) -> bool:
+    """Whether the caller's one reference is all that holds `t` and its memory: no other reference to
+    the tensor, no other tensor (a view) or array on its storage. False when PyTorch cannot say."""
+    if _STORAGE_USE_COUNT is None:
+        return False
+    # (references to t: the caller's name, this parameter, getrefcount's argument; to its storage:
+    # t itself and the storage object asked here)
+    return sys.getrefcount(t) == 3 and _STORAGE_USE_COUNT(t.untyped_storage()._cdata) == 2
 
 
 def _fill_bias(y: torch.Tensor, bias, last: bool) -> np.ndarray:
