@@ -14,7 +14,6 @@ so `convgen.torch` marks the tensors it makes for results.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 HUGE_PAGE = 2 << 20
@@ -23,31 +22,36 @@ MIN_BYTES = 4 * HUGE_PAGE
 _MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
 
 
+_MADVISE = None  # libc's madvise, looked up on the first large result (False: not to be had here)
+
+
 def _madvise():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-_MADVISE = _madvise()
+    """libc's madvise from the symbols the process has loaded already (no search for the library,
+    which runs ldconfig), once; False off Linux or where it cannot be had."""
+    global _MADVISE
+    if _MADVISE is None:
+        _MADVISE = False
+        if sys.platform.startswith("linux"):
+            try:
+                function = ctypes.CDLL(None).madvise
+            except (OSError, AttributeError):
+                return _MADVISE
+            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            function.restype = ctypes.c_int
+            _MADVISE = function
+    return _MADVISE
 
 
 def advise_huge_pages(address: int, nbytes: int) -> None:
     """Ask for the 2 MiB pages wholly inside [address, address + nbytes) to be mapped as huge pages
     when first written (results of MIN_BYTES or more; a no-op elsewhere). Never fails."""
-    if nbytes < MIN_BYTES or _MADVISE is None:
+    if nbytes < MIN_BYTES:
         return
+    madvise = _madvise()
     start = -(-address // HUGE_PAGE) * HUGE_PAGE
     end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
-    if end > start:
-        _MADVISE(start, end - start, _MADV_HUGEPAGE)  # (an error leaves the pages as they were)
+    if madvise and end > start:
+        madvise(start, end - start, _MADV_HUGEPAGE)  # (an error leaves the pages as they were)
 
 
 __all__ = ["HUGE_PAGE", "MIN_BYTES", "advise_huge_pages"]
