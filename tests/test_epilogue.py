@@ -304,3 +304,26 @@ def test_conv3d_takes_the_epilogue(layout):
     np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="residual must have the output's shape"):
         convgen.conv3d(x, w, bias, padding=1, layout=layout, activation="relu", residual=residual[:, :4])
+
+
+def test_prepared_conv2d_takes_the_epilogue():
+    """prepare_conv2d fixes the epilogue when it is made: the scale folded into the laid-out weights
+    (again after update), a residual passed by every call when made with residual=True."""
+    rng = seeded_rng("epilogue-prepared")
+    x, weight, bias, residual = _arrays(rng, 2, 16, 9, 9, 24, 1, "NHWC", "float32")
+    scale = rng.uniform(-2, 2, 24).astype(np.float32)
+    kw = dict(padding=1, layout="NHWC", scale=scale, activation="relu6")
+    conv = convgen.prepare_conv2d(weight, bias, input_shape=x.shape, residual=True, **kw)
+    np.testing.assert_array_equal(conv(x, residual=residual), convgen.conv2d(x, weight, bias, residual=residual, **kw))
+    conv.update(2 * weight)
+    np.testing.assert_array_equal(conv(x, residual=residual),
+                                  convgen.conv2d(x, 2 * weight, bias, residual=residual, **kw))
+    with pytest.raises(ValueError, match="residual must be given"):
+        conv(x)
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        conv(x, residual=residual[:1])
+    plain = convgen.prepare_conv2d(weight, bias, input_shape=x.shape, **kw)
+    with pytest.raises(ValueError, match="residual must be None"):
+        plain(x, residual=residual)
+    with pytest.raises(ValueError, match=r"scale must have shape \(24,\)"):
+        convgen.prepare_conv2d(weight, bias, input_shape=x.shape, padding=1, layout="NHWC", scale=scale[:3])

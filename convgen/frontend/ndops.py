@@ -260,9 +260,7 @@ def _forward_3d(call, x, w, bias, out, keywords, fused):
         x2 = fold.gather(x, layout, call.groups)
         planar_out = y.reshape(x2.shape[0], *y.shape[2:]) if layout == "NDHWC" else None  # a view
         if fused.get("residual") is not None:  # (as the output's depth slices: a view in NDHWC)
-            residual = fused["residual"]
-            residual = residual.copy() if np.may_share_memory(residual, y) else residual
-            fused = dict(fused, residual=slices_as_batch(residual, layout))
+            fused = dict(fused, residual=slices_as_batch(fused["residual"], layout))
         y2 = ops.conv2d(x2, w2, bias, out=planar_out, **keywords, **fused)
         return batch_into_slices(y2, layout, y)
     # conv_transpose3d: conv_transpose2d of every depth slice onto the folded channels, then the
@@ -307,12 +305,9 @@ def _forward(op, rank, x, w, bias, stride, padding, output_padding, dilation, gr
                                     output_padding, padding_mode)
     specialize, algorithm = _check_algorithm(call, specialize, algorithm)
     keywords = dict(call.planar_keywords(), specialize=specialize, algorithm=algorithm)
-    fused = {key: value for key, value in (fused or {}).items() if value is not None}
+    fused = dict(fused or {})
     if fused.get("residual") is not None:
-        residual = c_array("residual", fused["residual"], call.dtype, rank + 2)
-        if residual.shape != tuple(call.output_shape):
-            raise ValueError(f"residual must have the output's shape {tuple(call.output_shape)}, got {residual.shape}")
-        fused["residual"] = residual
+        fused["residual"] = ops.check_residual(fused["residual"], call.dtype, call.output_shape)
     return (_forward_1d if rank == 1 else _forward_3d)(call, x, w, bias, out, keywords, fused)
 
 

@@ -224,15 +224,14 @@ def _epilogue_arguments(activation, residual, residual_position) -> Epilogue:
     return as_epilogue(activation, residual is not None, residual_position)
 
 
-def check_residual(residual, call: _Call):
-    """The residual array of a conv2d call, checked: C-contiguous (copied if not), of the output's shape
-    and dtype."""
+def check_residual(residual, dtype, shape):
+    """The residual array of a forward call whose output has `shape` and `dtype`, checked: C-contiguous
+    (copied if not), of that shape and dtype; None stays None."""
     if residual is None:
         return None
-    residual = c_array("residual", residual, call.resolved.dtype, 4)
-    if residual.shape != call.resolved.result_shapes[0]:
-        raise ValueError(f"residual must have the output's shape {call.resolved.result_shapes[0]}, "
-                         f"got {residual.shape}")
+    residual = c_array("residual", residual, dtype, len(shape))
+    if residual.shape != tuple(shape):
+        raise ValueError(f"residual must have the output's shape {tuple(shape)}, got {residual.shape}")
     return residual
 
 
@@ -294,7 +293,8 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     epilogue = _epilogue_arguments(activation, residual, residual_position)
     (x, w, bias), call = _prepare("conv2d", (x, w, bias), specialize, algorithm, stride, padding, dilation, groups,
                                   layout, padding_mode=padding_mode, epilogue=epilogue)
-    return _forward(call, x, scaled_weights(w, scale, call), bias, out, check_residual(residual, call))
+    return _forward(call, x, scaled_weights(w, scale, call), bias, out,
+                    check_residual(residual, call.resolved.dtype, call.resolved.result_shapes[0]))
 
 
 @accepts_unbatched(2)

@@ -39,7 +39,7 @@ class PreparedConv:
     """
 
     __slots__ = ("op", "input_shape", "output_shape", "dtype", "problem", "_kernels", "_entry", "_empty",
-                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs", "_call", "_scale", "_epilogue_kwargs")
+                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs", "_call", "_scale")
 
     def __init__(self, op: str, w, bias, input_shape, kwargs: dict, epilogue_kwargs=None):
         if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 4 or not all(
@@ -50,15 +50,12 @@ class PreparedConv:
         self.op, self.input_shape, self._kwargs = op, tuple(int(n) for n in input_shape), kwargs
         # The op's own checks, on a stand-in x of the input shape (never touched: no pages are written).
         placeholder = np.empty(self.input_shape, w.dtype)
-        self._epilogue_kwargs = dict(epilogue_kwargs or {})
-        scale = self._epilogue_kwargs.pop("scale", None)
-        epilogue = (NO_EPILOGUE if not self._epilogue_kwargs else
-                    _epilogue_arguments(self._epilogue_kwargs["activation"],
-                                        placeholder if self._epilogue_kwargs["residual"] else None,
-                                        self._epilogue_kwargs["residual_position"]))
+        fused = epilogue_kwargs or {}
+        epilogue = (NO_EPILOGUE if not fused else
+                    _epilogue_arguments(fused["activation"], placeholder if fused["residual"] else None,
+                                        fused["residual_position"]))
         (_, w_checked, bias_checked), call = _prepare(op, (placeholder, w, bias), epilogue=epilogue, **kwargs)
-        self._call = call
-        self._scale = None if scale is None else scaled_weights(np.ones_like(w_checked), scale, call)
+        self._call, self._scale = call, fused.get("scale")
         self.problem, self.dtype = call.problem, call.resolved.dtype
         self.output_shape = tuple(call.resolved.result_shapes[0])
         self._kernels = call.kernels()
@@ -70,8 +67,7 @@ class PreparedConv:
         self._bias = None if bias_checked is None else bias_checked.copy()
 
     def _lay_out(self, w) -> None:
-        if self._scale is not None:
-            w = w * self._scale  # (the scale as weights: a frozen BatchNorm folded in)
+        w = scaled_weights(w, self._scale, self._call)  # (a frozen BatchNorm's scale, folded into the weights)
         prepared = None if self._empty else self._kernels.prepare_weights(self._entry, self.problem, w)
         # Kernels with nothing to lay out (depthwise) read the weights as they are: keep a copy, so
         # that the values are the ones given, as for the laid-out form.
@@ -110,7 +106,7 @@ class PreparedConv:
         x = np.ascontiguousarray(x)
         y = result_array("out", out, self.output_shape, self.dtype, (x,))
         if residual is not None:
-            residual = check_residual(residual, self._call)
+            residual = check_residual(residual, self.dtype, self.output_shape)
             residual = residual.copy() if np.may_share_memory(residual, y) else residual
         bias = self._bias
         if self._empty:

@@ -198,7 +198,7 @@ class FusedConv2d(nn.Module):
             y = y + residual
         return y
 
-    def _planned(self, x, residual):
+    def _planned(self, x):
         last = channels_last(_KIND, x)
         key = (x.shape, x.dtype, last, settings(), torch.get_num_threads(), self.weight._version)
         bound = self._bound.get(key)
@@ -219,7 +219,7 @@ class FusedConv2d(nn.Module):
         return bound
 
     def _convgen(self, x, residual):
-        call, w_array, laid_out, bias, last = self._planned(x, residual)
+        call, w_array, laid_out, bias, last = self._planned(x)
         problem = call.problem
         shape = problem.output_shape  # in the layout's order
         if residual is not None:
