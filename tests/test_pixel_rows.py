@@ -47,6 +47,9 @@ CASES = [
     (1, 7, 9, 9, 11, Window((1, 1), 3, 0), 1),           # stride > kernel: phases without taps
     (2, 9, 4, 3, 13, Window((5, 5), 1, 2), 1),           # an image smaller than the window
     (1, 24, 1, 1, 130, Window((3, 3), 1, 1), 1),         # a 1x1 image; 130 filters = 2 x 64 + 2
+    # Weights larger than the image: NHWC forward items are chunks of column tiles of one block
+    (1, 16, 5, 6, 150, Window((3, 3), 1, 1), 2),         # ... of each group, the tiles uneven over chunks
+    (1, 32, 9, 10, 200, Window((3, 3), 1, 1), 1),        # ... of several pixel tiles
     (2, 10, 13, 13, 20, Window((4, 3), (2, 1), ((1, 2), (0, 1)), 1), 1),  # asymmetric padding
     (4, 32, 14, 14, 48, Window((3, 3), 1, 1), 1),        # a block of 96 output pixels and more
     (1, 6, 17, 17, 64, Window((3, 3), 1, 1), 1),         # NHWC dW in place: boxes of output rows
