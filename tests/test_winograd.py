@@ -6,6 +6,7 @@ reference over paddings, odd sizes, groups, layouts, dtypes and tiles, for all f
 algorithm="winograd" forced; the accuracy of each tile against `winograd.MEASURED_ERROR`.
 """
 
+import dataclasses
 import random
 from fractions import Fraction
 
@@ -182,6 +183,44 @@ def test_every_op_with_winograd_forced_matches_the_reference(case, layout, dtype
         assert _error(got, want) <= bound, "conv_transpose2d"
         got, want = _run("conv_transpose2d_backward", (x, dy, wt), kwargs, algorithm="winograd")
         assert _error(got, want) <= max(bound, 10 * np.finfo(dtype).eps), "conv_transpose2d_backward"
+
+
+# Winograd's own micro-tile (Schedule.winograd_mr × winograd_nr_vectors, AVX-512's 16 × 1 vector) and
+# a narrow one of several vectors, on any machine: full and partial tiles of filters and of image tiles.
+@pytest.mark.parametrize("micro_tile", [(16, 1), (4, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("layout, dtype", [("NCHW", "float32"), ("NHWC", "float64")])
+@pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=_case_id)
+def test_every_op_on_each_winograd_micro_tile(case, layout, dtype, micro_tile):
+    n, c, f, h, w, padding, groups = case
+    rng = seeded_rng("winograd-micro-tile", case, layout, micro_tile)
+    x, weight = to_layout(rng.standard_normal((n, c, h, w)).astype(dtype),
+                          rng.standard_normal((f, c // groups, 3, 3)).astype(dtype), layout)
+    bias = rng.standard_normal(f).astype(dtype)
+    kwargs = dict(padding=padding, groups=groups, layout=layout)
+    mr, vectors = micro_tile
+    with convgen.configure(winograd_mr=mr, winograd_nr_vectors=vectors):
+        spec = ConvSpec(Window(3, 1, padding), dtype, layout, "winograd", planner.winograd_tile(dtype, settings().schedule()))
+        assert f"MR={mr}," in convgen.get_kernels(spec).rendered().source
+        bound = winograd.MEASURED_ERROR[(spec.tile, dtype)]
+        y, y_ref = _run("conv2d", (x, weight, bias), kwargs, algorithm="winograd")
+        assert _error(y, y_ref) <= bound, "conv2d"
+        dy = rng.standard_normal(y[0].shape).astype(dtype)
+        got, want = _run("conv2d_backward", (dy, x, weight), kwargs, algorithm="winograd")
+        assert _error(got, want) <= max(bound, 10 * np.finfo(dtype).eps), "conv2d_backward"
+
+
+def test_only_winograd_modules_take_its_micro_tile():
+    schedule = settings().schedule()
+    narrow = dataclasses.replace(schedule, winograd_mr=5, winograd_nr_vectors=2)
+    assert narrow.for_family("winograd").mr == 5 and narrow.for_family("winograd").nr_vectors == 2
+    assert narrow.for_family("direct") == narrow and narrow.for_family("depthwise") == narrow
+    plain = dataclasses.replace(schedule, winograd_mr=0, winograd_nr_vectors=0)
+    assert plain.for_family("winograd") == plain
+    for bad in (dict(winograd_mr=-1, winograd_nr_vectors=1), dict(winograd_mr=8, winograd_nr_vectors=0),
+                dict(winograd_mr=True, winograd_nr_vectors=1)):
+        with pytest.raises(ValueError, match="winograd_"):
+            with convgen.configure(**bad):
+                pass
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

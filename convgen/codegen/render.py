@@ -205,6 +205,7 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     self-contained source, as `convgen show`, `generate` and `export` write it.
     """
     ops = abi.as_ops(ops)
+    schedule = schedule.for_family(spec.family)
     environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
     template = environment.get_template(f"{spec.family}/module.c.j2")
     core = None

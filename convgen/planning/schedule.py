@@ -42,6 +42,13 @@ class Schedule:
     winograd_tile: int = 4
     winograd_max_filter_bytes: int = 16 << 20
     winograd_min_channels: int = 8
+    # ... and the micro-tile of its modules, rows × vectors (0, 0: mr × nr_vectors). The columns of its
+    # batched multiplies are a call's output tiles, few in deep layers at small batch (16 at 14×14,
+    # batch 1), where AVX-512's 8 × 3 vectors left two thirds of each 48-column tile padding: 16 × 1
+    # measured 1.2-1.5× faster there (forward and backward, both layouts), 1.0-1.2× at batch 8 from
+    # 56×56 to 14×14, never slower beyond noise (Zen 4, float32, 2 threads, alternated medians).
+    winograd_mr: int = 0
+    winograd_nr_vectors: int = 0
     # The weight gradient of layers with few filters per group (up to dw_dot_max_filters) multiplies
     # along the pixels instead: dot_filters × dot_columns vector sums in registers, the operands copied
     # as rows, never transposed into panels (the transposition dominates when filters are few).
@@ -90,6 +97,12 @@ class Schedule:
     pixel_rows_dx_vector_share: int = 2
     pixel_rows_nchw_max_pixels: int = 800
 
+    def for_family(self, family: str) -> "Schedule":
+        """The schedule a module of `family` is generated with: Winograd's own micro-tile, if it has one."""
+        if family == "winograd" and self.winograd_mr:
+            return dataclasses.replace(self, mr=self.winograd_mr, nr_vectors=self.winograd_nr_vectors)
+        return self
+
     def lanes(self, dtype: str) -> int:
         return self.vector_bytes // (4 if dtype == "float32" else 8)
 
@@ -118,6 +131,7 @@ class Schedule:
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
     "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
+                   winograd_mr=16, winograd_nr_vectors=1,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
                  dot_columns=3, arch_flags=("-mavx2", "-mfma")),
@@ -189,6 +203,13 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
+    for name in ("winograd_mr", "winograd_nr_vectors"):
+        value = getattr(schedule, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"schedule {name} must be an int >= 0 (0: the direct micro-tile), got {value!r}")
+    if (schedule.winograd_mr == 0) != (schedule.winograd_nr_vectors == 0):
+        raise ValueError(f"schedule winograd_mr and winograd_nr_vectors are both 0 (the direct micro-tile) or both "
+                         f"set, got {schedule.winograd_mr} and {schedule.winograd_nr_vectors}")
     stream = schedule.depthwise_stream_bytes
     if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
         raise ValueError(f"schedule depthwise_stream_bytes must be an int >= 0 (0: the last-level cache), "
