@@ -44,9 +44,11 @@ class Schedule:
     winograd_min_channels: int = 8
     # ... and the micro-tile of its modules, rows × vectors (0, 0: mr × nr_vectors). The columns of its
     # batched multiplies are a call's output tiles, few in deep layers at small batch (16 at 14×14,
-    # batch 1), where AVX-512's 8 × 3 vectors left two thirds of each 48-column tile padding: 16 × 1
-    # measured 1.2-1.5× faster there (forward and backward, both layouts), 1.0-1.2× at batch 8 from
-    # 56×56 to 14×14, never slower beyond noise (Zen 4, float32, 2 threads, alternated medians).
+    # batch 1), where AVX-512's 8 × 3 vectors left two thirds of each 48-column tile padding. Measured
+    # on Zen 4 (float32, 2 threads, prepared weights, alternated medians), against 8 × 3: 8 × 2
+    # 1.13× geomean over 18 layers, 1.15-1.5× at batch 1 from 32×32 to 14×14, 0.97-1.04× with 8
+    # filters; fused ResNet-18 at batch 1 1.11×. 16 × 1 was 1.18× geomean but 0.81× with 8 filters
+    # (half of each tile's rows padding), and on AVX2, 12 × 1 against 6 × 2 0.92×.
     winograd_mr: int = 0
     winograd_nr_vectors: int = 0
     # The weight gradient of layers with few filters per group (up to dw_dot_max_filters) multiplies
@@ -131,7 +133,7 @@ class Schedule:
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
     "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
-                   winograd_mr=16, winograd_nr_vectors=1,
+                   winograd_mr=8, winograd_nr_vectors=2,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
                  dot_columns=3, arch_flags=("-mavx2", "-mfma")),
