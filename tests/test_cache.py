@@ -295,6 +295,7 @@ KEY_CHANGES = {
     "compiler path": lambda r, t, mp: (r, dataclasses.replace(t, compiler="/opt/other/gcc")),
     "compiler version": lambda r, t, mp: (r, dataclasses.replace(t, version=t.version + " (patched)")),
     "flags": lambda r, t, mp: (r, dataclasses.replace(t, cflags=t.cflags + ("-ffast-math",))),
+    "window flags": lambda r, t, mp: (r, dataclasses.replace(t, window_cflags=("-O1", "-ffast-math"))),
     "schedule": lambda r, t, mp: (dataclasses.replace(r, schedule=dataclasses.replace(r.schedule, kc=r.schedule.kc + 8)), t),
     "isa": lambda r, t, mp: (dataclasses.replace(r, schedule=dataclasses.replace(r.schedule, isa="other")), t),
     "convgen version": lambda r, t, mp: (mp.setattr(kernels, "__version__", "999.0"), (r, t))[1],
@@ -313,7 +314,8 @@ def test_key_changes_with_everything_that_changes_the_binary(change, monkeypatch
     assert kernels.cache_key(changed_rendered, changed_toolchain) != before
 
 
-@pytest.mark.parametrize("change", [change for change in KEY_CHANGES if change not in ("source", "cdef")])
+@pytest.mark.parametrize("change", [change for change in KEY_CHANGES
+                                    if change not in ("source", "cdef", "window flags")])
 def test_core_key_changes_with_everything_that_changes_the_object(change, monkeypatch):
     rendered, toolchain = _key_inputs()
     before = kernels.core_key(rendered, toolchain)
@@ -321,6 +323,30 @@ def test_core_key_changes_with_everything_that_changes_the_object(change, monkey
     assert kernels.core_key(dataclasses.replace(rendered, source="", cdef=""), toolchain) == before
     changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
     assert kernels.core_key(changed_rendered, changed_toolchain) != before
+
+
+def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypatch, tmp_path):
+    """By default a split module's own code compiles at -O2 and the core object it links at -O3;
+    whole modules at -O3. CONVGEN_CFLAGS, or configure(cflags=), sets every part's flags."""
+    split = render.render(SPEC, kernels.settings().schedule(), split=True)
+    whole = render.render(SPEC, kernels.settings().schedule(), split=False)
+    c, o = tmp_path / "m.c", tmp_path / "m.o"
+
+    def levels(toolchain):
+        def level(command):
+            return [flag for flag in command if flag.startswith("-O")]
+        return (level(build.object_command(toolchain, split, c, o)), level(build.link_command(toolchain, split, [o], o)),
+                level(build.object_command(toolchain, split, c, o, core=True)),
+                level(build.compile_command(toolchain, whole, c, o)))
+
+    monkeypatch.delenv("CONVGEN_CFLAGS", raising=False)
+    default = build.default_toolchain()
+    assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"])
+    assert kernels.core_key(split, default) == kernels.core_key(split, dataclasses.replace(default, window_cflags=None))
+    monkeypatch.setenv("CONVGEN_CFLAGS", "-O1 -g")
+    assert levels(build.default_toolchain()) == (["-O1"],) * 4
+    with convgen.configure(cflags=("-Os",)):
+        assert levels(kernels.settings().toolchain) == (["-Os"],) * 4
 
 
 def test_compiler_identity_covers_what_native_means_here():

@@ -28,6 +28,11 @@ from ..planning.schedule import supported_isas
 from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler, native_macros
 
 DEFAULT_CFLAGS = ("-O3",)
+# A split module's own code (the window's packing, scatter and the loops around the core's micro-
+# kernels) by default: it compiles in two thirds of -O3's time, and the few loops whose speed came
+# from -O3 alone say so in the templates (`omp simd`). The core object and whole modules (Winograd's
+# transforms, depthwise, generic builds) keep DEFAULT_CFLAGS, which they need.
+DEFAULT_WINDOW_CFLAGS = ("-O2",)
 # Added to every build, after the user's flags: OpenMP, a position-independent shared object, no
 # type-based alias analysis (the kernels view one buffer through several pointer types), and hidden
 # symbols: the modules of one spec's ops export entry points of the same names, and with only the
@@ -44,6 +49,14 @@ class Toolchain:
     compiler: str             # absolute path
     version: str              # first line of `compiler --version`, and what -march=native selects here
     cflags: tuple[str, ...]   # optimization and instrumentation flags (CONVGEN_CFLAGS)
+    window_cflags: tuple[str, ...] | None = None   # a split module's own code's, if not cflags
+
+    def module_cflags(self, rendered: Rendered) -> tuple[str, ...]:
+        """The flags `rendered`'s own code compiles with: window_cflags for a split module's (the
+        core object it links takes cflags), cflags for a whole module."""
+        if rendered.core is not None and self.window_cflags is not None:
+            return self.window_cflags
+        return self.cflags
 
     @property
     def python_include(self) -> str:
@@ -55,11 +68,14 @@ class Toolchain:
 
 
 def default_toolchain() -> Toolchain:
-    """The compiler found by `find_compiler`, with CONVGEN_CFLAGS (default -O3)."""
+    """The compiler found by `find_compiler`, with CONVGEN_CFLAGS for every part of every module, else
+    the defaults (-O3; -O2 for a split module's window code)."""
     compiler = find_compiler()
-    cflags = tuple(shlex.split(os.environ["CONVGEN_CFLAGS"])) if os.environ.get("CONVGEN_CFLAGS") else DEFAULT_CFLAGS
-    check_sanitizer_runtime(cflags)
-    return Toolchain(compiler, compiler_version(compiler), cflags)
+    if os.environ.get("CONVGEN_CFLAGS"):
+        cflags = tuple(shlex.split(os.environ["CONVGEN_CFLAGS"]))
+        check_sanitizer_runtime(cflags)
+        return Toolchain(compiler, compiler_version(compiler), cflags)
+    return Toolchain(compiler, compiler_version(compiler), DEFAULT_CFLAGS, DEFAULT_WINDOW_CFLAGS)
 
 
 def check_sanitizer_runtime(cflags) -> None:
@@ -81,28 +97,31 @@ def check_sanitizer_runtime(cflags) -> None:
                          "$(gcc -print-file-name=libubsan.so)\" ASAN_OPTIONS=detect_leaks=0 python ...")
 
 
-def _compiler(toolchain: Toolchain, rendered: Rendered) -> list[str]:
-    """The compiler with the flags of every step of a module's build: the user's, then the schedule's."""
-    return [toolchain.compiler, *toolchain.cflags, *rendered.schedule.arch_flags]
+def _compiler(toolchain: Toolchain, rendered: Rendered, cflags: tuple[str, ...]) -> list[str]:
+    """The compiler with the flags of one step of a module's build: `cflags`, then the schedule's."""
+    return [toolchain.compiler, *cflags, *rendered.schedule.arch_flags]
 
 
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
     """The full compiler command line for one module of one translation unit."""
-    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, "-I", toolchain.python_include, str(c_path),
-            "-o", str(so_path), *LINK_LIBRARIES]
+    return [*_compiler(toolchain, rendered, toolchain.module_cflags(rendered)), *FIXED_FLAGS,
+            "-I", toolchain.python_include, str(c_path), "-o", str(so_path), *LINK_LIBRARIES]
 
 
-def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path) -> list[str]:
-    """The command line that compiles one translation unit of a split module (its own code, or its
-    core object) with the module's flags, without linking."""
+def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path,
+                   core: bool = False) -> list[str]:
+    """The command line that compiles one translation unit of a split module, its own code (or, if
+    `core`, its core object, with the toolchain's cflags), without linking."""
     flags = [flag for flag in FIXED_FLAGS if flag != "-shared"]
-    return [*_compiler(toolchain, rendered), *flags, "-I", toolchain.python_include, "-c", str(c_path),
-            "-o", str(o_path)]
+    cflags = toolchain.cflags if core else toolchain.module_cflags(rendered)
+    return [*_compiler(toolchain, rendered, cflags), *flags, "-I", toolchain.python_include,
+            "-c", str(c_path), "-o", str(o_path)]
 
 
 def link_command(toolchain: Toolchain, rendered: Rendered, objects, so_path: Path) -> list[str]:
     """The command line that links a split module's objects into its shared object."""
-    return [*_compiler(toolchain, rendered), *FIXED_FLAGS, *map(str, objects), "-o", str(so_path), *LINK_LIBRARIES]
+    return [*_compiler(toolchain, rendered, toolchain.module_cflags(rendered)), *FIXED_FLAGS,
+            *map(str, objects), "-o", str(so_path), *LINK_LIBRARIES]
 
 
 def _start(command: list[str], toolchain: Toolchain) -> subprocess.Popen:
@@ -186,8 +205,8 @@ def build_core_object(name: str, rendered: Rendered, toolchain: Toolchain, build
     c_path = build_dir / f"{name}.c"
     o_path = build_dir / f"{name}.o"
     c_path.write_text(rendered.core)
-    _run_compiler(object_command(toolchain, rendered, c_path, o_path), toolchain, rendered, o_path,
-                  "the core object")
+    _run_compiler(object_command(toolchain, rendered, c_path, o_path, core=True), toolchain, rendered,
+                  o_path, "the core object")
     return o_path
 
 

@@ -293,15 +293,18 @@ def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, 
               modules: str | None = None, **schedule_overrides):
     """Build and use kernels with another ISA, compiler flags, schedule or templates inside a `with` block.
 
-    `templates` is a directory laid out as convgen's templates/ (e.g. an edited copy of it); the
-    cache keys on the rendered source, so an edit always builds new modules. `modules` is what an
-    op's first call compiles: "per-op" (its own module) or "whole" (one module of every op).
+    `cflags` replace the default optimization flags (-O3, and -O2 for a split module's window code)
+    in every part of every module. `templates` is a directory laid out as convgen's templates/ (e.g.
+    an edited copy of it); the cache keys on the rendered source, so an edit always builds new
+    modules. `modules` is what an op's first call compiles: "per-op" (its own module) or "whole"
+    (one module of every op).
 
     >>> with configure(isa="avx2"):            # doctest: +SKIP
     ...     y = conv2d(x, w)                   # the AVX2 kernels, built on first use
     """
     previous = settings()
-    toolchain = previous.toolchain if cflags is None else dataclasses.replace(previous.toolchain, cflags=tuple(cflags))
+    toolchain = (previous.toolchain if cflags is None
+                 else dataclasses.replace(previous.toolchain, cflags=tuple(cflags), window_cflags=None))
     if templates is not None and not os.path.isdir(templates):
         raise ValueError(f"templates must be a directory of convgen templates, got {templates!r}")
     candidate = Settings(toolchain, isa, tuple(sorted(schedule_overrides.items())),
@@ -355,8 +358,8 @@ def set_num_threads(n: int) -> None:
 
 def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
     return module_key(rendered.source, rendered.core or "", rendered.cdef, toolchain.compiler, toolchain.version,
-                      " ".join(toolchain.cflags), repr(rendered.schedule), __version__, python_abi(),
-                      platform.machine())
+                      " ".join(toolchain.cflags), " ".join(toolchain.module_cflags(rendered)),
+                      repr(rendered.schedule), __version__, python_abi(), platform.machine())
 
 
 def core_key(rendered: Rendered, toolchain: Toolchain) -> str:
