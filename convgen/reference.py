@@ -11,8 +11,8 @@ algorithms from the fast path (which is im2col + GEMM / col2im):
 * The backward passes are written out as their own loops, not by calling the
   forward functions.
 
-All loops run over spatial positions only; batch and channels are vectorized with
-``numpy.tensordot``.  Computation happens in float64 and the result is cast back
+All loops run over spatial positions only; batch, groups and channels are vectorized
+(one ``numpy.matmul`` over the stack of groups per position).  Computation happens in float64 and the result is cast back
 to ``numpy.result_type`` of the inputs (integer/bool inputs give float64).
 
 This module imports nothing from convgen: it has its own argument normalization
@@ -388,10 +388,19 @@ def _positions(g, rows, cols):
             yield r, c, _window(g, r * g["sh"], c * g["sw"])
 
 
-def _group_slices(groups, a_per_group, b_per_group):
-    """(a, b) channel slices of each group, for two channel axes split into `groups` parts."""
-    for grp in range(groups):
-        yield (slice(grp * a_per_group, (grp + 1) * a_per_group), slice(grp * b_per_group, (grp + 1) * b_per_group))
+def _by_group(a, groups):
+    """`a` (N, C, ...) channels-first as a stack of its groups: (groups, N, C / groups × the rest)."""
+    return a.reshape(a.shape[0], groups, math.prod(a.shape[1:]) // groups).transpose(1, 0, 2)
+
+
+def _weights_by_group(w, groups):
+    """Weights (groups × A, B, *K) as a stack of their groups: (groups, A, B × prod(K))."""
+    return w.reshape(groups, w.shape[0] // groups, math.prod(w.shape[1:]))
+
+
+def _from_groups(stack, shape):
+    """A (groups, N, X) stack of per-group results as one channels-first array of `shape`."""
+    return stack.transpose(1, 0, 2).reshape(shape)
 
 
 _ALL = (slice(None), slice(None))  # batch and channels, in front of a window's spatial slices
@@ -440,7 +449,6 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     dtype, x64, w64 = _float64_inputs(layout, bias, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
     F, G = g["F"], g["groups"]
-    Cg, Fg = g["C"] // G, F // G
 
     b64 = _bias64(bias, F)
 
@@ -448,11 +456,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
     _check_padding_mode(padding_mode, pads, (g["H"], g["W"]))
     xpad = pad(x64, pads, padding_mode)
     y = np.empty((g["N"], F, g["Ho"], g["Wo"]))
+    w_groups = _weights_by_group(w64, G).transpose(0, 2, 1)        # (G, Cg·KH·KW, Fg)
     for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
-        field = xpad[_ALL + win]
-        for cs, fs in _group_slices(G, Cg, Fg):
-            # (N, Cg, KH, KW) . (Fg, Cg, KH, KW) -> (N, Fg)
-            y[:, fs, oh, ow] = np.tensordot(field[:, cs], w64[fs], axes=([1, 2, 3], [1, 2, 3]))
+        # each group's (N, Cg·KH·KW) receptive field times its weights -> (N, Fg)
+        y[:, :, oh, ow] = _from_groups(_by_group(xpad[_ALL + win], G) @ w_groups, (g["N"], F))
     if scale is not None:
         y *= _bias64(scale, F)[None, :, None, None]
     y += b64[None, :, None, None]
@@ -535,8 +542,7 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     """
     dtype, dy64, x64, w64 = _float64_inputs(layout, None, dy=dy, x=x, w=w)
     g = _conv2d_geometry(x64.shape, w64.shape, stride, padding, dilation, groups)
-    N, C, H, W, F, G = g["N"], g["C"], g["H"], g["W"], g["F"], g["groups"]
-    Cg, Fg = C // G, F // G
+    N, H, W, F, G = g["N"], g["H"], g["W"], g["F"], g["groups"]
     pads = ((g["top"], g["bottom"]), (g["left"], g["right"]))
     _check_padding_mode(padding_mode, pads, (H, W))
     if dy64.shape != (N, F, g["Ho"], g["Wo"]):
@@ -547,15 +553,16 @@ def conv2d_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1, layo
     dxpad = np.zeros_like(xpad)
     dw64 = np.zeros_like(w64)
     db64 = np.zeros(F)
+    w_groups = _weights_by_group(w64, G)                            # (G, Fg, Cg·KH·KW)
     for oh, ow, win in _positions(g, g["Ho"], g["Wo"]):
-        field = xpad[_ALL + win]                                   # (N, C, KH, KW)
-        grad = dy64[:, :, oh, ow]                                  # (N, F)
+        field = xpad[_ALL + win]                                    # (N, C, KH, KW)
+        grad = dy64[:, :, oh, ow]                                   # (N, F)
         db64 += grad.sum(axis=0)
-        for cs, fs in _group_slices(G, Cg, Fg):
-            # (N, Fg) x (N, Cg, KH, KW) -> (Fg, Cg, KH, KW)
-            dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
-            # (N, Fg) x (Fg, Cg, KH, KW) -> (N, Cg, KH, KW)
-            dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
+        field_groups, grad_groups = _by_group(field, G), _by_group(grad, G)
+        # per group: (Fg, N) x (N, Cg·KH·KW) -> (Fg, Cg, KH, KW)
+        dw64 += (grad_groups.transpose(0, 2, 1) @ field_groups).reshape(dw64.shape)
+        # per group: (N, Fg) x (Fg, Cg·KH·KW) -> (N, Cg, KH, KW)
+        dxpad[_ALL + win] += _from_groups(grad_groups @ w_groups, field.shape)
     dx64 = pad_adjoint(dxpad, pads, (H, W), padding_mode)
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
@@ -583,15 +590,15 @@ def conv_transpose2d(x, w, bias=None, *, stride=1, padding=0, output_padding=0,
     g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
                                    output_padding, dilation, groups)
     Cout, G = g["Cout"], g["groups"]
-    Cig, Cog = g["Cin"] // G, Cout // G
 
     b64 = _bias64(bias, Cout)
 
     canvas = np.zeros((g["N"], Cout, g["canvas_h"], g["canvas_w"]))
+    w_groups = _weights_by_group(w64, G)                            # (G, Cig, Cog·KH·KW)
     for h, w_, win in _positions(g, g["H"], g["W"]):
-        for cs, os_ in _group_slices(G, Cig, Cog):
-            # (N, Cig) x (Cig, Cog, KH, KW) -> (N, Cog, KH, KW)
-            canvas[(slice(None), os_) + win] += np.tensordot(x64[:, cs, h, w_], w64[cs], axes=([1], [0]))
+        target = canvas[_ALL + win]                                 # (N, Cout, KH, KW), a view
+        # per group: (N, Cig) x (Cig, Cog·KH·KW) -> (N, Cog, KH, KW)
+        target += _from_groups(_by_group(x64[:, :, h, w_], G) @ w_groups, target.shape)
     top, left = g["top"], g["left"]
     y = canvas[:, :, top:top + g["Ho"], left:left + g["Wo"]] + b64[None, :, None, None]
     return _act_from_nchw(y, layout, dtype)
@@ -610,7 +617,6 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
     g = _conv_transpose2d_geometry(x64.shape, w64.shape, stride, padding,
                                    output_padding, dilation, groups)
     N, Cout, G = g["N"], g["Cout"], g["groups"]
-    Cig, Cog = g["Cin"] // G, Cout // G
     if dy64.shape != (N, Cout, g["Ho"], g["Wo"]):
         raise ValueError(
             f"dy: expected NCHW-equivalent shape {(N, Cout, g['Ho'], g['Wo'])}, got {dy64.shape}")
@@ -621,13 +627,14 @@ def conv_transpose2d_backward(dy, x, w, *, stride=1, padding=0, output_padding=0
 
     dx64 = np.zeros_like(x64)
     dw64 = np.zeros_like(w64)
+    w_groups = _weights_by_group(w64, G)                            # (G, Cig, Cog·KH·KW)
     for h, w_, win in _positions(g, g["H"], g["W"]):
-        field = dcanvas[_ALL + win]
-        for cs, os_ in _group_slices(G, Cig, Cog):
-            # (N, Cog, KH, KW) . (Cig, Cog, KH, KW) -> (N, Cig)
-            dx64[:, cs, h, w_] = np.tensordot(field[:, os_], w64[cs], axes=([1, 2, 3], [1, 2, 3]))
-            # (N, Cig) x (N, Cog, KH, KW) -> (Cig, Cog, KH, KW)
-            dw64[cs] += np.tensordot(x64[:, cs, h, w_], field[:, os_], axes=([0], [0]))
+        field_groups = _by_group(dcanvas[_ALL + win], G)            # (G, N, Cog·KH·KW)
+        x_groups = _by_group(x64[:, :, h, w_], G)                   # (G, N, Cig)
+        # per group: (N, Cog·KH·KW) . (Cig, Cog·KH·KW) -> (N, Cig)
+        dx64[:, :, h, w_] = _from_groups(field_groups @ w_groups.transpose(0, 2, 1), (N, g["Cin"]))
+        # per group: (Cig, N) x (N, Cog·KH·KW) -> (Cig, Cog, KH, KW)
+        dw64 += (x_groups.transpose(0, 2, 1) @ field_groups).reshape(dw64.shape)
     db64 = dy64.sum(axis=(0, 2, 3))
     return (_act_from_nchw(dx64, layout, dtype),
             _weight_from_torch(dw64, layout, dtype),
@@ -815,14 +822,12 @@ def _nd_conv(rank, x, w, bias, stride, padding, dilation, groups, layout, paddin
     dtype, x64, w64 = _nd_arrays(rank, layout, bias, x=x, w=w)
     g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, False, 0, padding_mode)
     G, F = g["groups"], g["F"]
-    Cg, Fg = g["C"] // G, F // G
-    axes = list(range(1, rank + 2))
     xpad = _pad_nd(x64, g["pads"], padding_mode)
     y = np.empty((g["N"], F) + g["out_sizes"])
+    w_groups = _weights_by_group(w64, G).transpose(0, 2, 1)        # (G, Cg·prod(K), Fg)
     for position in np.ndindex(*g["out_sizes"]):
         field = xpad[_ALL + _nd_window(g, position)]
-        for cs, fs in _group_slices(G, Cg, Fg):
-            y[(slice(None), fs) + position] = np.tensordot(field[:, cs], w64[fs], axes=(axes, axes))
+        y[_ALL + position] = _from_groups(_by_group(field, G) @ w_groups, (g["N"], F))
     y += _bias64(bias, F).reshape((F,) + (1,) * rank)
     return _nd_from_channels_first(y, rank, layout, dtype)
 
@@ -831,17 +836,17 @@ def _nd_conv_backward(rank, dy, x, w, stride, padding, dilation, groups, layout,
     dtype, dy64, x64, w64 = _nd_arrays(rank, layout, None, dy=dy, x=x, w=w)
     g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, False, 0, padding_mode)
     G, F = g["groups"], g["F"]
-    Cg, Fg = g["C"] // G, F // G
     if dy64.shape != (g["N"], F) + g["out_sizes"]:
         raise ValueError(f"dy: expected channels-first shape {(g['N'], F) + g['out_sizes']}, got {dy64.shape}")
     xpad = _pad_nd(x64, g["pads"], padding_mode)
     dxpad, dw64 = np.zeros_like(xpad), np.zeros_like(w64)
+    w_groups = _weights_by_group(w64, G)                            # (G, Fg, Cg·prod(K))
     for position in np.ndindex(*g["out_sizes"]):
         win = _nd_window(g, position)
-        field, grad = xpad[_ALL + win], dy64[(slice(None), slice(None)) + position]  # (N, C, *K), (N, F)
-        for cs, fs in _group_slices(G, Cg, Fg):
-            dw64[fs] += np.tensordot(grad[:, fs], field[:, cs], axes=([0], [0]))
-            dxpad[(slice(None), cs) + win] += np.tensordot(grad[:, fs], w64[fs], axes=([1], [0]))
+        field, grad = xpad[_ALL + win], dy64[_ALL + position]       # (N, C, *K), (N, F)
+        field_groups, grad_groups = _by_group(field, G), _by_group(grad, G)
+        dw64 += (grad_groups.transpose(0, 2, 1) @ field_groups).reshape(dw64.shape)
+        dxpad[_ALL + win] += _from_groups(grad_groups @ w_groups, field.shape)
     dx64 = _unpad_nd(dxpad, g["pads"], g["sizes"], padding_mode)
     db64 = dy64.sum(axis=(0, *range(2, rank + 2)))
     return (_nd_from_channels_first(dx64, rank, layout, dtype),
@@ -853,13 +858,11 @@ def _nd_conv_transpose(rank, x, w, bias, stride, padding, output_padding, dilati
     g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, True, output_padding,
                      padding_mode)
     G, F = g["groups"], g["F"]
-    Cig, Cog = g["C"] // G, F // G
     canvas = np.zeros((g["N"], F) + tuple(b + n + a for n, (b, a) in zip(g["out_sizes"], g["pads"])))
+    w_groups = _weights_by_group(w64, G)                            # (G, Cig, Cog·prod(K))
     for position in np.ndindex(*g["sizes"]):
-        win = _nd_window(g, position)
-        for cs, os_ in _group_slices(G, Cig, Cog):
-            canvas[(slice(None), os_) + win] += np.tensordot(x64[(slice(None), cs) + position], w64[cs],
-                                                             axes=([1], [0]))
+        target = canvas[_ALL + _nd_window(g, position)]             # (N, F, *K), a view
+        target += _from_groups(_by_group(x64[_ALL + position], G) @ w_groups, target.shape)
     y = _unpad_nd(canvas, g["pads"], g["out_sizes"], padding_mode)
     y += _bias64(bias, F).reshape((F,) + (1,) * rank)
     return _nd_from_channels_first(y, rank, layout, dtype)
@@ -871,17 +874,16 @@ def _nd_conv_transpose_backward(rank, dy, x, w, stride, padding, output_padding,
     g = _nd_geometry(rank, x64.shape, w64.shape, stride, padding, dilation, groups, True, output_padding,
                      padding_mode)
     G, F = g["groups"], g["F"]
-    Cig, Cog = g["C"] // G, F // G
     if dy64.shape != (g["N"], F) + g["out_sizes"]:
         raise ValueError(f"dy: expected channels-first shape {(g['N'], F) + g['out_sizes']}, got {dy64.shape}")
     dcanvas = _pad_nd(dy64, g["pads"], padding_mode)  # the adjoint of the fold that made the output
     dx64, dw64 = np.zeros_like(x64), np.zeros_like(w64)
+    w_groups = _weights_by_group(w64, G)                            # (G, Cig, Cog·prod(K))
     for position in np.ndindex(*g["sizes"]):
-        field = dcanvas[_ALL + _nd_window(g, position)]
-        axes = list(range(1, rank + 2))
-        for cs, os_ in _group_slices(G, Cig, Cog):
-            dx64[(slice(None), cs) + position] = np.tensordot(field[:, os_], w64[cs], axes=(axes, axes))
-            dw64[cs] += np.tensordot(x64[(slice(None), cs) + position], field[:, os_], axes=([0], [0]))
+        field_groups = _by_group(dcanvas[_ALL + _nd_window(g, position)], G)   # (G, N, Cog·prod(K))
+        x_groups = _by_group(x64[_ALL + position], G)                           # (G, N, Cig)
+        dx64[_ALL + position] = _from_groups(field_groups @ w_groups.transpose(0, 2, 1), (g["N"], g["C"]))
+        dw64 += (x_groups.transpose(0, 2, 1) @ field_groups).reshape(dw64.shape)
     db64 = dy64.sum(axis=(0, *range(2, rank + 2)))
     return (_nd_from_channels_first(dx64, rank, layout, dtype),
             _nd_from_channels_first(dw64, rank, layout, dtype, weight=True), db64.astype(dtype))
