@@ -12,8 +12,9 @@ algorithms from the fast path (which is im2col + GEMM / col2im):
   forward functions.
 
 All loops run over spatial positions only; batch, groups and channels are vectorized
-(one ``numpy.matmul`` over the stack of groups per position).  Computation happens in float64 and the result is cast back
-to ``numpy.result_type`` of the inputs (integer/bool inputs give float64).
+(one ``numpy.matmul`` over the stack of groups per position).  Computation happens in
+float64 and the result is cast back to ``numpy.result_type`` of the inputs
+(integer/bool inputs give float64).
 
 This module imports nothing from convgen: it has its own argument normalization
 and shape arithmetic, so a bug there cannot hide a bug in the fast path.

@@ -333,16 +333,17 @@ def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypat
     c, o = tmp_path / "m.c", tmp_path / "m.o"
 
     def levels(toolchain):
-        def level(command):
-            return [flag for flag in command if flag.startswith("-O")]
-        return (level(build.object_command(toolchain, split, c, o)), level(build.link_command(toolchain, split, [o], o)),
-                level(build.object_command(toolchain, split, c, o, core=True)),
-                level(build.compile_command(toolchain, whole, c, o)))
+        """-O flags of the window's compile and link, the core's compile, a whole module's compile."""
+        commands = (build.object_command(toolchain, split, c, o), build.link_command(toolchain, split, [o], o),
+                    build.object_command(toolchain, split, c, o, core=True),
+                    build.compile_command(toolchain, whole, c, o))
+        return tuple([flag for flag in command if flag.startswith("-O")] for command in commands)
 
     monkeypatch.delenv("CONVGEN_CFLAGS", raising=False)
     default = build.default_toolchain()
     assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"])
-    assert kernels.core_key(split, default) == kernels.core_key(split, dataclasses.replace(default, window_cflags=None))
+    without_window_flags = dataclasses.replace(default, window_cflags=None)
+    assert kernels.core_key(split, default) == kernels.core_key(split, without_window_flags)
     monkeypatch.setenv("CONVGEN_CFLAGS", "-O1 -g")
     assert levels(build.default_toolchain()) == (["-O1"],) * 4
     with convgen.configure(cflags=("-Os",)):
