@@ -33,6 +33,27 @@ def test_specialized_source_has_no_window_loop(schedule, text):
     assert spec.symbol("fwd") in source
 
 
+# The functions that loop over the taps, even specialized: run once per tap, they gain nothing from
+# literal taps but compile time (packing a tap's weights as panels, planning which taps a phase reads).
+PER_TAP_LOOP = re.compile(r"for \(int64_t tap = 0; tap < (\d+); \+\+tap\)")
+PER_TAP_FUNCTIONS = {"rows_pack_forward_nchw", "rows_pack_weights", "rows_phase_taps", "rows_phase_reach"}
+
+
+@pytest.mark.parametrize("text", ["k3s1p1", "k5s2p2", "k3x5s2x1p1x2d2"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_specialized_source_loops_over_taps_only_where_literal_taps_gain_nothing(schedule, text, layout):
+    spec = ConvSpec(Window.parse(text), layout=layout)
+    kh, kw = spec.window.kernel
+    looping = set()
+    for item in top_level_items(render(spec, schedule).source):
+        bounds = PER_TAP_LOOP.findall(item.text)
+        if bounds:
+            assert set(bounds) == {str(kh * kw)}, item.names
+            assert f"const int64_t i = tap / {kw}, j = tap % {kw};" in item.text
+            looping |= item.names
+    assert looping and looping <= PER_TAP_FUNCTIONS
+
+
 def test_windows_past_max_unrolled_taps_keep_only_the_micro_kernel_tap_loop(schedule):
     """8x8 has 64 taps, above max_unrolled_taps (49): packing stays unrolled, the micro-kernel loops over taps."""
     spec = ConvSpec(Window.parse("k8s2p3"))
