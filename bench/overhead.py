@@ -46,7 +46,7 @@ def measure(specialize: bool, repeat: int) -> dict:
     k = convgen.get_kernels(spec)
     args = (*abi.size_arguments(problem, specialize), convgen.num_threads())
     modules = {entry: k.module(entry) for entry in ("fwd", "bwd_data", "bwd_weight")}  # a module per op
-    fwd, bwd_data, bwd_weight = (getattr(m.lib, spec.symbol(entry)) for entry, m in modules.items())
+    fwd, bwd_data, bwd_weight = (getattr(m.lib, abi.interface_symbol(entry)) for entry, m in modules.items())
     ptr = {name: modules["fwd"].ffi.from_buffer("float[]", a) for name, a in
            dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
     null = modules["fwd"].ffi.NULL  # no prepared weights: the kernels lay them out on each call, as the ops do

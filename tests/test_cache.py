@@ -273,6 +273,49 @@ def test_windows_of_one_dtype_layout_and_schedule_share_one_core_object(private_
                                rtol=1e-12)
 
 
+def interface_objects(directory):
+    return sorted(directory.glob(f"{cache.INTERFACE_PREFIX}*.o"))
+
+
+def test_modules_of_one_dtype_build_and_ops_share_one_interface_object(private_cache):
+    """Every module links an interface object (the cffi wrapper of its entry points, under their
+    interface names): windows and families of one dtype, build and set of ops share it, so only the
+    first module compiles it; a module of other ops, or of the generic build, links its own."""
+    direct, strided = ConvSpec(Window(3, 2, 1), "float64", "NCHW"), ConvSpec(Window(5, 1, 2), "float64", "NCHW")
+    depthwise = ConvSpec(Window(3, 1, 1), "float64", "NCHW", "depthwise")
+    assert load(direct)[1]
+    assert len(interface_objects(private_cache)) == 1
+    before = interface_objects(private_cache)[0].stat().st_mtime_ns
+    assert load(strided)[1] and load(depthwise)[1]
+    assert len(interface_objects(private_cache)) == 1
+    assert interface_objects(private_cache)[0].stat().st_mtime_ns == before  # linked, not rebuilt
+    active = kernels.settings()
+    names = {build.interface_module_name(render.render(spec, active.schedule(), ops=ops, split=True))
+             for spec, ops in ((direct, None), (strided, None), (depthwise, None))}
+    assert len(names) == 1
+    assert len({build.interface_module_name(render.render(direct, active.schedule(), ops=ops))
+                for ops in (None, "fwd", "bwd_data", ("fwd", "bwd_weight"))}) == 4
+    generic = render.render(ConvSpec(None, "float64", "NCHW"), active.schedule())
+    float32 = render.render(ConvSpec(Window(3, 2, 1), "float32", "NHWC"), active.schedule())
+    assert build.interface_module_name(generic) not in names and build.interface_module_name(float32) not in names
+    # each module runs its own kernels, though all are imported under the interface's one name
+    rng = np.random.default_rng(2)
+    for spec, (kernel, stride, padding) in ((direct, (3, 2, 1)), (strided, (5, 1, 2))):
+        x, w = rng.standard_normal((2, 3, 9, 8)), rng.standard_normal((4, 3, kernel, kernel))
+        np.testing.assert_allclose(convgen.conv2d(x, w, stride=stride, padding=padding),
+                                   reference.conv2d(x, w, stride=stride, padding=padding), rtol=1e-12)
+    x, w = rng.standard_normal((2, 3, 9, 8)), rng.standard_normal((3, 1, 3, 3))
+    np.testing.assert_allclose(convgen.conv2d(x, w, padding=1, groups=3), reference.conv2d(x, w, padding=1, groups=3),
+                               rtol=1e-12)
+
+
+def test_a_module_keeps_its_entry_points_names_for_cache_list(private_cache):
+    """Renamed for the interface object, a module's entry points still name it in its binary."""
+    assert load(SPEC)[1]
+    data = module_paths(SPEC, private_cache)[0].read_bytes()
+    assert all(SPEC.symbol(entry).encode() + b"\0" in data for entry in ("fwd", "bwd_data", "bwd_weight"))
+
+
 def test_module_built_but_unloadable_is_a_build_error(private_cache):
     def bad_build(name, build_dir):
         path = build_dir / f"{name}{build.extension_suffix()}"
@@ -315,6 +358,18 @@ def test_key_changes_with_everything_that_changes_the_binary(change, monkeypatch
 
 
 @pytest.mark.parametrize("change", [change for change in KEY_CHANGES
+                                    if change not in ("source", "cdef", "core source", "flags", "schedule", "isa")])
+def test_interface_key_changes_with_everything_that_changes_the_object(change, monkeypatch):
+    """The interface object reads neither the kernels nor the schedule, and compiles with the window
+    code's flags (no ISA flags): the rest of the module's key is its key."""
+    rendered, toolchain = _key_inputs()
+    before = kernels.interface_key(rendered, toolchain)
+    assert kernels.interface_key(dataclasses.replace(rendered, source="", cdef="", core=None), toolchain) == before
+    changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
+    assert kernels.interface_key(changed_rendered, changed_toolchain) != before
+
+
+@pytest.mark.parametrize("change", [change for change in KEY_CHANGES
                                     if change not in ("source", "cdef", "window flags")])
 def test_core_key_changes_with_everything_that_changes_the_object(change, monkeypatch):
     rendered, toolchain = _key_inputs()
@@ -333,21 +388,23 @@ def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypat
     c, o = tmp_path / "m.c", tmp_path / "m.o"
 
     def levels(toolchain):
-        """-O flags of the window's compile and link, the core's compile, a whole module's compile."""
+        """-O flags of the window's compile and link, the core's compile, a whole module's compile and
+        the interface object's."""
         commands = (build.object_command(toolchain, split, c, o), build.link_command(toolchain, split, [o], o),
                     build.object_command(toolchain, split, c, o, core=True),
-                    build.compile_command(toolchain, whole, c, o))
+                    build.object_command(toolchain, whole, c, o), build.interface_command(toolchain, c, o))
         return tuple([flag for flag in command if flag.startswith("-O")] for command in commands)
 
     monkeypatch.delenv("CONVGEN_CFLAGS", raising=False)
     default = build.default_toolchain()
-    assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"])
+    assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"], ["-O2"])
     without_window_flags = dataclasses.replace(default, window_cflags=None)
     assert kernels.core_key(split, default) == kernels.core_key(split, without_window_flags)
+    assert kernels.interface_key(split, default) != kernels.interface_key(split, without_window_flags)
     monkeypatch.setenv("CONVGEN_CFLAGS", "-O1 -g")
-    assert levels(build.default_toolchain()) == (["-O1"],) * 4
+    assert levels(build.default_toolchain()) == (["-O1"],) * 5
     with convgen.configure(cflags=("-Os",)):
-        assert levels(kernels.settings().toolchain) == (["-Os"],) * 4
+        assert levels(kernels.settings().toolchain) == (["-Os"],) * 5
 
 
 def test_compiler_identity_covers_what_native_means_here():

@@ -119,9 +119,10 @@ def parameters(entry: EntryPoint, spec: ConvSpec) -> list[str]:
     return params + ["int nthreads"]
 
 
-def signature(entry: EntryPoint, spec: ConvSpec) -> str:
-    """`entry`'s C declarator in the module of `spec`, e.g. `int cg_conv2d_fwd_...(const float *x, ...)`."""
-    return f"{entry.returns} {spec.symbol(entry.name)}({', '.join(parameters(entry, spec))})"
+def signature(entry: EntryPoint, spec: ConvSpec, name: str | None = None) -> str:
+    """`entry`'s C declarator in the module of `spec`, e.g. `int cg_conv2d_fwd_...(const float *x, ...)`
+    (named `name` instead of `spec.symbol(entry.name)` if given)."""
+    return f"{entry.returns} {name or spec.symbol(entry.name)}({', '.join(parameters(entry, spec))})"
 
 
 def signatures(spec: ConvSpec) -> dict[str, str]:
@@ -134,6 +135,19 @@ def cdef(spec: ConvSpec, ops=None) -> str:
     its exported header)."""
     declarators = signatures(spec)
     return "".join(f"{declarators[entry]};\n" for entry in module_entries(ops))
+
+
+def interface_symbol(entry: str) -> str:
+    """The name entry point `entry` goes by in a module the runtime builds: the one its interface object
+    calls (every module of a dtype and build kind links the same one; see convgen.runtime.build)."""
+    return f"cg_entry_{entry}"
+
+
+def interface_cdef(spec: ConvSpec, ops=None) -> str:
+    """The cffi declarations of the interface object of `spec`'s modules carrying `ops`: `cdef` under
+    the entry points' interface names, so it depends only on the dtype, the build (specialized or
+    generic) and the ops, never on the window."""
+    return "".join(f"{signature(ENTRY_POINTS[entry], spec, interface_symbol(entry))};\n" for entry in module_entries(ops))
 
 
 def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
@@ -152,4 +166,4 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
 
 __all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "PREPARED_ALIGN", "as_ops", "module_entries",
            "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "EPILOGUE_PARAMS", "ACTIVATION_IDS", "RESIDUAL_IDS", "parameters", "signature", "signatures", "cdef",
-           "size_arguments"]
+           "interface_symbol", "interface_cdef", "size_arguments"]

@@ -1,7 +1,13 @@
-"""Compile one rendered kernel module with cffi's out-of-line API mode: one translation unit, or a
-split module's own code beside its core object (built through the cache), then linked.
+"""Compile one rendered kernel module with cffi's out-of-line API mode: its kernels as one
+translation unit, linked with the objects it shares with other modules (built through the cache):
+the interface object and, for a split module, the core object.
 
-cffi writes the C wrapper (`emit_c_code`); the system compiler is then called directly, so its
+cffi writes the C wrapper that lets Python call the entry points (`make_c_source`). That wrapper
+reads no window value: under the entry points' interface names (`abi.interface_symbol`) it is the
+same for every module of one dtype, build (specialized or generic) and set of ops, so it is compiled
+once, as the *interface object*, into an extension module named after it (`interface_module_name`),
+and each module's kernels are compiled under those names and linked with it (a module's wrapper and
+Python's headers took about a sixth of its compile). The system compiler is called directly, so its
 command line is exactly the flags in the cache key and its own error message reaches the user.
 Everything a built module depends on besides its rendered source is named here: the compiler and
 what `-march=native` means to it on this machine (`Toolchain`, from toolchain.py), the flags, and
@@ -12,6 +18,7 @@ The module is written into the build directory the cache hands out (cache.py pub
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
 import subprocess
@@ -23,6 +30,7 @@ from typing import Callable
 import cffi
 from cffi.recompiler import make_c_source
 
+from ..codegen import abi
 from ..codegen.render import Rendered
 from ..planning.schedule import supported_isas
 from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler, native_macros
@@ -103,9 +111,22 @@ def _compiler(toolchain: Toolchain, rendered: Rendered, cflags: tuple[str, ...])
 
 
 def compile_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, so_path: Path) -> list[str]:
-    """The full compiler command line for one module of one translation unit."""
+    """The full compiler command line for one module of one translation unit (its own wrapper inside)."""
     return [*_compiler(toolchain, rendered, toolchain.module_cflags(rendered)), *FIXED_FLAGS,
             "-I", toolchain.python_include, str(c_path), "-o", str(so_path), *LINK_LIBRARIES]
+
+
+def interface_cflags(toolchain: Toolchain) -> tuple[str, ...]:
+    """The flags of the interface object: the window code's (it converts arguments: nothing to gain
+    from -O3), no ISA flags (it is linked into the modules of every ISA)."""
+    return toolchain.window_cflags if toolchain.window_cflags is not None else toolchain.cflags
+
+
+def interface_command(toolchain: Toolchain, c_path: Path, o_path: Path) -> list[str]:
+    """The command line that compiles an interface object (see the module docstring)."""
+    flags = [flag for flag in FIXED_FLAGS if flag != "-shared"]
+    return [toolchain.compiler, *interface_cflags(toolchain), *flags, "-I", toolchain.python_include,
+            "-c", str(c_path), "-o", str(o_path)]
 
 
 def object_command(toolchain: Toolchain, rendered: Rendered, c_path: Path, o_path: Path,
@@ -167,34 +188,79 @@ def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
     make_c_source(ffi, module_name, rendered.source, str(c_path), verbose=False)
 
 
-def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path,
-                 core: Callable[[], Path] | None = None) -> Path:
-    """Compile `rendered` as the extension module `module_name` inside build_dir; return the .so path.
+def interface_module_name(rendered: Rendered) -> str:
+    """The extension module name of the interface object `rendered` links (what its modules are
+    imported as): named after its declarations, which are all that make its wrapper differ."""
+    cdef = abi.interface_cdef(rendered.spec, rendered.ops)
+    return "_cg_interface_" + hashlib.sha256(cdef.encode()).hexdigest()[:24]
 
-    A split module (`rendered.core` set) takes `core`, a function that returns the path of its core
-    object, compiling it if need be: it is called while the module's own code compiles, so the two
-    compiles run side by side, and the object is linked in after.
+
+def interface_source(rendered: Rendered) -> str:
+    """The source the runtime compiles of `rendered`'s kernels: its entry points renamed to the names
+    its interface object calls, and their own names kept in the binary as a string, which `convgen
+    cache list` reads to label the module."""
+    renames = "".join(f"#define {symbol} {abi.interface_symbol(entry)}\n" for entry, symbol in rendered.symbols.items())
+    names = "\\0".join(rendered.symbols.values())
+    return ("/* The entry points under the names the interface object (convgen/runtime/build.py) calls. */\n"
+            f"{renames}{rendered.source}\n"
+            f'__attribute__((used)) static const char cg_entry_point_names[] = "{names}";\n')
+
+
+def write_interface(module_name: str, rendered: Rendered, c_path: Path) -> None:
+    """The cffi C wrapper of the interface object of `rendered`, importable as `module_name`."""
+    ffi = cffi.FFI()
+    cdef = abi.interface_cdef(rendered.spec, rendered.ops)
+    ffi.cdef(cdef)
+    make_c_source(ffi, module_name, "#include <stdint.h>\n" + cdef, str(c_path), verbose=False)
+
+
+def build_interface_object(name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
+    """Compile the interface object of `rendered` as `name`.o inside build_dir."""
+    check_sanitizer_runtime(toolchain.cflags)
+    c_path, o_path = build_dir / f"{name}.c", build_dir / f"{name}.o"
+    write_interface(interface_module_name(rendered), rendered, c_path)
+    _run_compiler(interface_command(toolchain, c_path, o_path), toolchain, rendered, o_path, "the interface object")
+    return o_path
+
+
+def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path,
+                 core: Callable[[], Path] | None = None, interface: Callable[[], Path] | None = None) -> Path:
+    """Compile `rendered` inside build_dir; return the .so path.
+
+    With `interface`, a function that returns the path of its interface object (compiling it if need
+    be), the module is importable as `interface_module_name(rendered)` and its entry points go by
+    their interface names (`abi.interface_symbol`), as the runtime builds every module; without, it
+    carries a wrapper of its own and is importable as `module_name`, its entry points under their
+    own names. A split module (`rendered.core` set) takes `core`, a function that returns the path of
+    its core object. Both are called while the module's own code compiles, so the compiles run side
+    by side, and the objects are linked in after.
     """
     check_sanitizer_runtime(toolchain.cflags)  # flags may come from configure(), not only the environment
     c_path = build_dir / f"{module_name}.c"
     so_path = build_dir / f"{module_name}{extension_suffix()}"
-    write_wrapper(module_name, rendered, c_path)
-    if rendered.core is None:
-        _run_compiler(compile_command(toolchain, rendered, c_path, so_path), toolchain, rendered, so_path, "kernels")
-        return so_path
-    if core is None:
+    if rendered.core is not None and core is None:
         raise ValueError(f"the module of {rendered.spec} links a core object: pass `core`")
+    if interface is None:
+        write_wrapper(module_name, rendered, c_path)
+        if rendered.core is None:
+            _run_compiler(compile_command(toolchain, rendered, c_path, so_path), toolchain, rendered, so_path,
+                          "kernels")
+            return so_path
+    else:
+        c_path.write_text(interface_source(rendered))
     o_path = build_dir / f"{module_name}.o"
     command = object_command(toolchain, rendered, c_path, o_path)
     process = _start(command, toolchain)
     try:
-        core_path = core()
+        shared = [] if interface is None else [interface()]
+        if rendered.core is not None:
+            shared.append(core())
     except BaseException:
         process.kill()
         process.communicate()
         raise
     _finish(process, command, rendered, o_path, "kernels")
-    _run_compiler(link_command(toolchain, rendered, (o_path, core_path), so_path), toolchain, rendered, so_path,
+    _run_compiler(link_command(toolchain, rendered, (o_path, *shared), so_path), toolchain, rendered, so_path,
                   "and linking kernels")
     return so_path
 

@@ -31,6 +31,8 @@ from .build import BuildError, extension_suffix
 MODULE_PREFIX = "_cg_"
 # The core objects that split modules link (see convgen.codegen.render): `_cg_core_<key>.o`.
 CORE_PREFIX = MODULE_PREFIX + "core_"
+# The interface objects every module links (see convgen.runtime.build): `_cg_interface_<key>.o`.
+INTERFACE_PREFIX = MODULE_PREFIX + "interface_"
 
 
 class CacheError(RuntimeError):
@@ -172,13 +174,14 @@ def _publish(build: Callable[[str, Path], Path], name: str, directory: Path, so_
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
-def load_if_cached(key: str):
+def load_if_cached(key: str, import_name: str | None = None):
     """The module for `key` if the cache holds a sound copy of it, else None: never builds and never
-    waits (a missing, damaged or foreign copy is left for load_or_build to replace)."""
+    waits (a missing, damaged or foreign copy is left for load_or_build to replace). `import_name`
+    as load_or_build's."""
     directory = checked_cache_dir()
     name = module_name(key)
     try:
-        return _try_load(name, directory / f"{name}{extension_suffix()}", directory / f"{name}.sha256")
+        return _try_load(import_name or name, directory / f"{name}{extension_suffix()}", directory / f"{name}.sha256")
     except ImportError:
         return None
 
@@ -213,30 +216,33 @@ def _use_or_build(name: str, path: Path, digest_path: Path, use: Callable[[], ob
         return used, True
 
 
-def load_or_build(key: str, build: Callable[[str, Path], Path]):
+def load_or_build(key: str, build: Callable[[str, Path], Path], import_name: str | None = None):
     """Import the module for `key`, building it first (once, across processes) if needed.
 
     `build(module_name, build_dir)` compiles the module into build_dir and returns the .so path.
+    `import_name`: the extension module name its binary carries, if not `module_name(key)` (the
+    modules that link an interface object carry its name: see convgen.runtime.build).
     Returns (module, built) where built says whether this call compiled it.
     """
     directory = checked_cache_dir()
     name = module_name(key)
     so_path = directory / f"{name}{extension_suffix()}"
     digest_path = directory / f"{name}.sha256"
-    return _use_or_build(name, so_path, digest_path, lambda: _try_load(name, so_path, digest_path), build,
-                         "kernel module", "loaded")
+    return _use_or_build(name, so_path, digest_path, lambda: _try_load(import_name or name, so_path, digest_path),
+                         build, "kernel module", "loaded")
 
 
-def core_object(key: str, build: Callable[[str, Path], Path], into: Path) -> Path:
-    """A checked copy, in the directory `into`, of the core object for `key`, building and publishing
-    it first (once, across processes) if the cache lacks a sound copy. The copy is what gets linked,
-    so the file checked against its digest is the file used.
+def core_object(key: str, build: Callable[[str, Path], Path], into: Path, prefix: str = CORE_PREFIX) -> Path:
+    """A checked copy, in the directory `into`, of the object for `key` that modules link (a core
+    object, or with prefix=INTERFACE_PREFIX an interface object), building and publishing it first
+    (once, across processes) if the cache lacks a sound copy. The copy is what gets linked, so the
+    file checked against its digest is the file used.
 
     `build(name, build_dir)` compiles the object into build_dir and returns its path. Called while
     the lock of the module that links it is held: the locks are always taken module first.
     """
     directory = checked_cache_dir()
-    name = CORE_PREFIX + key[:32]
+    name = prefix + key[:32]
     path, digest_path, copy = directory / f"{name}.o", directory / f"{name}.sha256", into / f"{name}.o"
 
     def copy_if_sound():
@@ -245,7 +251,8 @@ def core_object(key: str, build: Callable[[str, Path], Path], into: Path) -> Pat
         _check_published(path, digest_path, copy)
         return copy
 
-    return _use_or_build(name, path, digest_path, copy_if_sound, build, "core object", "read back")[0]
+    what = "interface object" if prefix == INTERFACE_PREFIX else "core object"
+    return _use_or_build(name, path, digest_path, copy_if_sound, build, what, "read back")[0]
 
 
 def list_modules() -> list[Path]:

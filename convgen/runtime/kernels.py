@@ -23,8 +23,9 @@ import numpy as np
 
 from ..codegen import abi
 from .._version import __version__
-from .build import Toolchain, build_core_object, build_module, default_toolchain, python_abi
-from .cache import core_object, load_if_cached, load_or_build, module_key
+from .build import (Toolchain, build_core_object, build_interface_object, build_module, default_toolchain,
+                    interface_cflags, interface_module_name, python_abi)
+from .cache import INTERFACE_PREFIX, core_object, load_if_cached, load_or_build, module_key
 from ..planning.problem import Problem
 from ..codegen.render import Rendered, render
 from ..planning.schedule import Schedule, get_schedule
@@ -102,23 +103,25 @@ class Kernels:
                 if op in self._modules:
                     continue
                 lib = module.lib
-                self._queries[op] = {query: getattr(lib, rendered.symbols[query]) for query in abi.QUERIES}
-                self._entries[op] = (getattr(lib, rendered.symbols[op]), module.ffi.from_buffer, module.ffi.NULL,
+                self._queries[op] = {query: getattr(lib, abi.interface_symbol(query)) for query in abi.QUERIES}
+                self._entries[op] = (getattr(lib, abi.interface_symbol(op)), module.ffi.from_buffer, module.ffi.NULL,
                                      module.ffi.cast)
                 self._modules[op] = (module, rendered)
 
     def _build(self, rendered: Rendered) -> bool:
         """Load the module of `rendered`, compiling it if the cache lacks it; True if compiled now. The
         compile runs outside the process-wide lock, so different modules build in parallel; the
-        cache's file lock makes concurrent requests for the same module compile it once. A split
-        module links its core object, built first if the cache lacks it."""
+        cache's file lock makes concurrent requests for the same module compile it once. A module
+        links its interface object, and a split module its core object, each built first if the
+        cache lacks it."""
         toolchain = self.settings.toolchain
 
         def build(name, build_dir):
             core = None if rendered.core is None else functools.partial(_core_object, rendered, toolchain, build_dir)
-            return build_module(name, rendered, toolchain, build_dir, core)
+            interface = functools.partial(_interface_object, rendered, toolchain, build_dir)
+            return build_module(name, rendered, toolchain, build_dir, core, interface)
 
-        module, built = load_or_build(cache_key(rendered, toolchain), build)
+        module, built = load_or_build(cache_key(rendered, toolchain), build, interface_module_name(rendered))
         self._register(module, rendered)
         return built
 
@@ -144,7 +147,7 @@ class Kernels:
         if self.spec.epilogue.active:
             return False  # (a fused forward pass builds its own module: see load)
         whole = self._render_whole()
-        module = load_if_cached(cache_key(whole, self.settings.toolchain))
+        module = load_if_cached(cache_key(whole, self.settings.toolchain), interface_module_name(whole))
         if module is not None:
             self._register(module, whole)
         return module is not None
@@ -359,7 +362,23 @@ def set_num_threads(n: int) -> None:
 def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
     return module_key(rendered.source, rendered.core or "", rendered.cdef, toolchain.compiler, toolchain.version,
                       " ".join(toolchain.cflags), " ".join(toolchain.module_cflags(rendered)),
-                      repr(rendered.schedule), __version__, python_abi(), platform.machine())
+                      repr(rendered.schedule), __version__, python_abi(), platform.machine(),
+                      interface_key(rendered, toolchain))
+
+
+def interface_key(rendered: Rendered, toolchain: Toolchain) -> str:
+    """Hash of everything that changes the interface object a module links."""
+    return module_key("interface object", interface_module_name(rendered), abi.interface_cdef(rendered.spec, rendered.ops),
+                      toolchain.compiler, toolchain.version, " ".join(interface_cflags(toolchain)), __version__,
+                      python_abi(), platform.machine())
+
+
+def _interface_object(rendered: Rendered, toolchain: Toolchain, into):
+    """A checked copy, in the directory `into`, of the interface object the module `rendered` links,
+    built first if the cache lacks it."""
+    return core_object(interface_key(rendered, toolchain),
+                       lambda name, build_dir: build_interface_object(name, rendered, toolchain, build_dir), into,
+                       prefix=INTERFACE_PREFIX)
 
 
 def core_key(rendered: Rendered, toolchain: Toolchain) -> str:
