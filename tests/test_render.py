@@ -210,8 +210,21 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
             todo += core[name].uses
     declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
     assert sorted(declared) == sorted(marked) and not any(name in window and "{" in window[name].text for name in marked)
+    # The plans are the generic build's (tests/test_work_splits.py checks that both builds plan alike):
+    # the core defines them, the window declares them.
+    plans = re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.core, re.M)
+    assert sorted(plans) == ["make_plan", "rows_make_plan"]
+    assert sorted(re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.source, re.M)) == sorted(plans)
+    assert all("{" in core[name].text and not (name in window and "{" in window[name].text) for name in plans)
+    planned, todo = set(), list(plans)
+    while todo:
+        name = todo.pop()
+        if name not in planned and name in core:
+            planned.add(name)
+            todo += core[name].uses
     # A file-scope variable has a copy in each unit: none may be used on both sides (the workspace
     # kept between calls lives with the functions that take and give it back).
+    reached |= planned
     for variable in reached:
         if re.match(r"static (?!const\b)[^(]*?[=;]", core[variable].text.strip()):
             in_core = {name for name in reached if variable in core[name].uses}

@@ -66,3 +66,37 @@ def test_forward_and_gradients_match_the_reference(name, dtype, specialize):
     for label, got, expected in (("y", y, want), ("dx", dx, want_dx), ("dw", dw, want_dw)):
         error = np.abs(got - expected).max() / np.abs(expected).max()
         assert error <= TOLERANCE[dtype], f"{label}: {error:.2e}"
+
+
+# Problems beside CASES whose plans take the other paths: the NCHW phase planes (few channels), a
+# pixel-row NHWC forward pass of padded bands, dilation, and NCHW threads sharing one image.
+PLAN_CASES = dict(CASES, **{
+    "nchw planes, few channels": (2, 3, 9, 8, 4, 3, 2, 1, 1, 1, "zeros", "NCHW"),
+    "nchw planes, dilated, grouped": (2, 4, 11, 10, 6, 3, 2, 2, 3, 2, "zeros", "NCHW"),
+    "nhwc padded bands, few channels": (2, 3, 16, 15, 16, 5, 1, 2, 1, 1, "zeros", "NHWC"),
+    "nchw one large image": (1, 16, 40, 36, 32, 5, 1, 2, 1, 1, "zeros", "NCHW"),
+})
+
+
+@pytest.mark.parametrize("name", list(PLAN_CASES))
+def test_specialized_and_generic_builds_plan_every_call_alike(name):
+    """A specialized module's plans (blocks, work items, threads, memory) come from the core object,
+    where they are compiled from the generic build, window values read at run time: the plans of
+    both builds are one, as their workspace, threads and prepared weights show for every op."""
+    from convgen.frontend import resolve
+    from convgen.planning.spec import ConvSpec
+    from convgen.runtime.kernels import get_kernels
+
+    n, c, h, w, f, kernel, stride, padding, dilation, groups, mode, layout = PLAN_CASES[name]
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    x_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    w_shape = (f, c // groups, kh, kw) if layout == "NCHW" else (kh, kw, c // groups, f)
+    for dtype in ("float32", "float64"):
+        problem = resolve.conv_problem(x_shape, w_shape, np.dtype(dtype), stride, padding, dilation, groups, layout,
+                                       mode)
+        specialized, generic = (get_kernels(ConvSpec(window, dtype, layout)) for window in (problem.window, None))
+        for op in ("fwd", "bwd_data", "bwd_weight"):
+            for threads in (1, 2, 7):
+                answers = [(k.workspace_bytes(op, problem, threads), k.threads(op, problem, threads),
+                            k.prepared_size(op, problem)) for k in (specialized, generic)]
+                assert answers[0] == answers[1], (op, threads, answers)

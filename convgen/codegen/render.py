@@ -14,7 +14,10 @@ are rendered once, from the generic build of every op, into a *core* source, com
 dtype, layout and schedule, and linked into every window's module, which keeps only their declarations.
 About half of a direct module's code, so a new window compiles in about two thirds of the time.
 tests/test_render.py checks that every core function renders, macros expanded, exactly as in the
-specialized build of each window it is linked into: the split costs no specialization.
+specialized build of each window it is linked into: the split costs no specialization. The plans
+(`CG_PLAN`: blocks, work items, threads and memory, decided once per call) go to the core object too,
+compiled from the generic build, where they read the window from the call's geometry:
+tests/test_work_splits.py checks that both builds plan every call alike.
 """
 
 from __future__ import annotations
@@ -220,16 +223,16 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
                     {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops, core)
 
 
-# A core function as the templates write it: `CG_CORE` and its declarator at the start of a line, the
-# body's braces alone on their own lines, at the start.
-_CORE_FUNCTION = re.compile(r"^(CG_CORE [^;{}]*?\))\n\{\n.*?\n\}\n", re.S | re.M)
+# A core function as the templates write it: `CG_CORE` (or `CG_PLAN`) and its declarator at the start
+# of a line, the body's braces alone on their own lines, at the start.
+_CORE_FUNCTION = re.compile(r"^((?:CG_CORE|CG_PLAN) [^;{}]*?\))\n\{\n.*?\n\}\n", re.S | re.M)
 
 
 def _declarations_only(source: str) -> str:
-    """`source` with the body of every `CG_CORE` function replaced by a semicolon: a declaration of
-    the function the core object defines."""
+    """`source` with the body of every `CG_CORE` and `CG_PLAN` function replaced by a semicolon: a
+    declaration of the function the core object defines."""
     declared, count = _CORE_FUNCTION.subn(lambda m: m.group(1) + ";  /* in the core object */\n", source)
-    if count != len(re.findall(r"^CG_CORE ", source, re.M)):
-        raise ValueError("a CG_CORE function in the templates is not written as its declarator, then its body "
-                         "between braces alone on their own lines")
+    if count != len(re.findall(r"^(?:CG_CORE|CG_PLAN) ", source, re.M)):
+        raise ValueError("a CG_CORE function or CG_PLAN function in the templates is not written as its declarator, "
+                         "then its body between braces alone on their own lines")
     return declared

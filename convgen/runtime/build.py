@@ -17,6 +17,7 @@ The module is written into the build directory the cache hands out (cache.py pub
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -252,9 +253,12 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     command = object_command(toolchain, rendered, c_path, o_path)
     process = _start(command, toolchain)
     try:
-        shared = [] if interface is None else [interface()]
-        if rendered.core is not None:
-            shared.append(core())
+        objects = [make for make in (interface, core if rendered.core is not None else None) if make is not None]
+        if len(objects) > 1:  # both missing from the cache on a first call: compiled side by side too
+            with concurrent.futures.ThreadPoolExecutor(len(objects)) as pool:
+                shared = list(pool.map(lambda make: make(), objects))
+        else:
+            shared = [make() for make in objects]
     except BaseException:
         process.kill()
         process.communicate()
