@@ -196,7 +196,7 @@ def interface_module_name(rendered: Rendered) -> str:
     return "_cg_interface_" + hashlib.sha256(cdef.encode()).hexdigest()[:24]
 
 
-def interface_source(rendered: Rendered) -> str:
+def renamed_source(rendered: Rendered) -> str:
     """The source the runtime compiles of `rendered`'s kernels: its entry points renamed to the names
     its interface object calls, and their own names kept in the binary as a string, which `convgen
     cache list` reads to label the module."""
@@ -248,13 +248,13 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
                           "kernels")
             return so_path
     else:
-        c_path.write_text(interface_source(rendered))
+        c_path.write_text(renamed_source(rendered))
     o_path = build_dir / f"{module_name}.o"
     command = object_command(toolchain, rendered, c_path, o_path)
     process = _start(command, toolchain)
     try:
         objects = [make for make in (interface, core if rendered.core is not None else None) if make is not None]
-        if len(objects) > 1:  # both missing from the cache on a first call: compiled side by side too
+        if len(objects) > 1:  # (on a first call both may be missing from the cache: compiled side by side too)
             with concurrent.futures.ThreadPoolExecutor(len(objects)) as pool:
                 shared = list(pool.map(lambda make: make(), objects))
         else:
