@@ -178,15 +178,19 @@ def extension_suffix() -> str:
     return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
-def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
-    """The cffi C wrapper of `rendered`, importable as `module_name`."""
+def _write_cffi_source(module_name: str, cdef: str, source: str, rendered: Rendered, c_path: Path) -> None:
+    """The cffi C wrapper of the declarations `cdef` after `source`, importable as `module_name`."""
     ffi = cffi.FFI()
     try:
-        ffi.cdef(rendered.cdef)
+        ffi.cdef(cdef)
     except (cffi.CDefError, cffi.FFIError) as exc:
-        raise BuildError(f"cffi cannot read the declarations rendered for {rendered.spec}: {exc}\n"
-                         f"{rendered.cdef}") from exc
-    make_c_source(ffi, module_name, rendered.source, str(c_path), verbose=False)
+        raise BuildError(f"cffi cannot read the declarations rendered for {rendered.spec}: {exc}\n{cdef}") from exc
+    make_c_source(ffi, module_name, source, str(c_path), verbose=False)
+
+
+def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
+    """The cffi C wrapper of `rendered`, importable as `module_name`."""
+    _write_cffi_source(module_name, rendered.cdef, rendered.source, rendered, c_path)
 
 
 def interface_module_name(rendered: Rendered) -> str:
@@ -208,11 +212,10 @@ def renamed_source(rendered: Rendered) -> str:
 
 
 def write_interface(module_name: str, rendered: Rendered, c_path: Path) -> None:
-    """The cffi C wrapper of the interface object of `rendered`, importable as `module_name`."""
-    ffi = cffi.FFI()
+    """The cffi C wrapper of the interface object of `rendered`, importable as `module_name`: its
+    declarations are the prototypes of the entry points the module's kernels define."""
     cdef = abi.interface_cdef(rendered.spec, rendered.ops)
-    ffi.cdef(cdef)
-    make_c_source(ffi, module_name, "#include <stdint.h>\n" + cdef, str(c_path), verbose=False)
+    _write_cffi_source(module_name, cdef, "#include <stdint.h>\n" + cdef, rendered, c_path)
 
 
 def build_interface_object(name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
@@ -253,12 +256,10 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     command = object_command(toolchain, rendered, c_path, o_path)
     process = _start(command, toolchain)
     try:
-        objects = [make for make in (interface, core if rendered.core is not None else None) if make is not None]
-        if len(objects) > 1:  # (on a first call both may be missing from the cache: compiled side by side too)
-            with concurrent.futures.ThreadPoolExecutor(len(objects)) as pool:
-                shared = list(pool.map(lambda make: make(), objects))
-        else:
-            shared = [make() for make in objects]
+        # (on a first call both may be missing from the cache: they compile side by side too)
+        makers = [make for make in (interface, core if rendered.core is not None else None) if make is not None]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(makers))) as pool:
+            shared = list(pool.map(lambda make: make(), makers))
     except BaseException:
         process.kill()
         process.communicate()
