@@ -8,6 +8,7 @@ import pytest
 from convgen.runtime.kernels import settings
 from convgen.codegen.csource import top_level_items
 from convgen.codegen.render import render
+from convgen.planning.epilogue import Epilogue
 from convgen.planning.spec import ConvSpec, Window
 
 WINDOW_LOOP = re.compile(r"for \(int64_t [ij] = 0; [ij] < (g->k[hw]|\d+);")
@@ -188,19 +189,31 @@ def unit_text(item):
 SPLIT_SPECS = [ConvSpec(Window.parse(text), dtype, layout) for text in ("k3s1p1", "k1s1p0", "k5s2p2", "k7s2p3", "k3x5s2x1p1x2d2")
                for dtype, layout in (("float32", "NCHW"), ("float32", "NHWC"), ("float64", "NCHW"), ("float64", "NHWC"))]
 SPLIT_SPECS.append(ConvSpec(Window(3, 1, 1, padding_mode="reflect"), "float32", "NHWC"))
+# Winograd modules link the core of their micro-tile's schedule, rendered from the direct family.
+SPLIT_SPECS += [ConvSpec(Window.parse(text), dtype, layout, "winograd", tile)
+                for text, dtype, layout, tile in (("k3s1p1", "float32", "NCHW", 4), ("k3s1p1", "float64", "NHWC", 2),
+                                                  ("k3s1p0_1x2_1", "float32", "NHWC", 6), ("k3s1p2", "float64", "NCHW", 4))]
+SPLIT_SPECS.append(ConvSpec(Window(3, 1, 1), "float32", "NHWC", "winograd", 4, Epilogue.parse("addrelu")))
 
 
 @pytest.mark.parametrize("spec", SPLIT_SPECS, ids=str)
 def test_the_core_object_holds_what_the_window_module_would_compile_itself(schedule, spec):
     """The split costs no specialization: every function of the core object that a window module
     calls, and everything it calls in turn, is, macros expanded, the function the specialized build of
-    one unit compiles, and the window module declares each CG_CORE function and defines none."""
+    one unit compiles, and the window module declares the CG_CORE functions it calls (a direct module
+    every one, a Winograd module those of the weight gradient) and defines none."""
     split = render(spec, schedule, split=True)
     whole, core, window = definitions(render(spec, schedule).source), definitions(split.core), definitions(split.source)
     marked = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.core, re.M)
     assert len(marked) >= 20, "the core object should hold the micro-kernels and the dot products"
-    # Everything the core functions reach (functions, types, tables, variables) is as the window's build has it.
-    reached, todo = set(), list(marked)
+    declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
+    if spec.family == "direct":
+        assert sorted(declared) == sorted(marked)
+    assert declared and set(declared) <= set(marked)
+    assert not any(name in window and "{" in window[name].text for name in marked)
+    # Everything the declared core functions reach (functions, types, tables, variables) is as the
+    # window's build has it.
+    reached, todo = set(), list(declared)
     while todo:
         name = todo.pop()
         if name not in reached and name in core:
@@ -208,8 +221,6 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
             assert name in whole and unit_text(core[name]) == unit_text(whole[name]), \
                 f"{name} differs between the core object and the {spec} build"
             todo += core[name].uses
-    declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
-    assert sorted(declared) == sorted(marked) and not any(name in window and "{" in window[name].text for name in marked)
     # The plans are the generic build's (tests/test_work_splits.py checks that both builds plan alike):
     # the core defines them, the window declares them.
     plans = re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.core, re.M)
@@ -246,13 +257,18 @@ def test_every_window_and_op_of_a_dtype_and_layout_links_one_core(schedule, layo
             assert declared and declared <= marked
 
 
-def test_only_the_direct_familys_specialized_builds_split(schedule):
-    """Generic, depthwise and Winograd modules stay one unit; so does every module rendered without
-    split=True (what `convgen show`, `generate` and `export` write)."""
+def test_only_the_direct_and_winograd_specialized_builds_split(schedule):
+    """Generic and depthwise modules stay one unit; so does every module rendered without split=True
+    (what `convgen show`, `generate` and `export` write). A Winograd module links the core object a
+    direct module of its micro-tile's schedule links."""
+    winograd = ConvSpec(Window(3, 1, 1), family="winograd", tile=4)
     assert render(ConvSpec(Window(3, 1, 1)), schedule, split=True).core is not None
+    for ops in (("fwd",), ("bwd_weight",), None):
+        core = render(winograd, schedule, ops=ops, split=True).core
+        assert core == render(ConvSpec(Window(5, 2, 2)), schedule.for_family("winograd"), split=True).core
     one_unit = [render(spec, schedule, split=True) for spec in (
-        ConvSpec(None), ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(Window(3, 1, 1), family="winograd", tile=4))]
-    one_unit.append(render(ConvSpec(Window(3, 1, 1)), schedule))
+        ConvSpec(None), ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(None, family="depthwise"))]
+    one_unit += [render(ConvSpec(Window(3, 1, 1)), schedule), render(winograd, schedule)]
     for rendered in one_unit:
         assert rendered.core is None
         assert "#define CG_CORE static" in rendered.source

@@ -37,10 +37,10 @@ from ..planning.schedule import supported_isas
 from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler, native_macros
 
 DEFAULT_CFLAGS = ("-O3",)
-# A split module's own code (the window's packing, scatter and the loops around the core's micro-
-# kernels) by default: it compiles in two thirds of -O3's time, and the few loops whose speed came
-# from -O3 alone say so in the templates (`omp simd`). The core object and whole modules (Winograd's
-# transforms, depthwise, generic builds) keep DEFAULT_CFLAGS, which they need.
+# A split module's own code (the window's packing, scatter, Winograd's transforms and the loops around
+# the core's micro-kernels) by default: it compiles in half to two thirds of -O3's time, and the few
+# loops whose speed came from -O3 alone say so in the templates (`omp simd`). The core object and whole
+# modules (depthwise, generic builds) keep DEFAULT_CFLAGS, which they need.
 DEFAULT_WINDOW_CFLAGS = ("-O2",)
 # Added to every build, after the user's flags: OpenMP, a position-independent shared object, no
 # type-based alias analysis (the kernels view one buffer through several pointer types), and hidden
