@@ -194,6 +194,8 @@ SPLIT_SPECS += [ConvSpec(Window.parse(text), dtype, layout, "winograd", tile)
                 for text, dtype, layout, tile in (("k3s1p1", "float32", "NCHW", 4), ("k3s1p1", "float64", "NHWC", 2),
                                                   ("k3s1p0_1x2_1", "float32", "NHWC", 6), ("k3s1p2", "float64", "NCHW", 4))]
 SPLIT_SPECS.append(ConvSpec(Window(3, 1, 1), "float32", "NHWC", "winograd", 4, Epilogue.parse("addrelu")))
+# The generic build links the core its specialized windows link.
+SPLIT_SPECS += [ConvSpec(None, "float32", "NCHW"), ConvSpec(None, "float64", "NHWC")]
 
 
 @pytest.mark.parametrize("spec", SPLIT_SPECS, ids=str)
@@ -257,18 +259,21 @@ def test_every_window_and_op_of_a_dtype_and_layout_links_one_core(schedule, layo
             assert declared and declared <= marked
 
 
-def test_only_the_direct_and_winograd_specialized_builds_split(schedule):
-    """Generic and depthwise modules stay one unit; so does every module rendered without split=True
-    (what `convgen show`, `generate` and `export` write). A Winograd module links the core object a
-    direct module of its micro-tile's schedule links."""
+def test_direct_modules_and_specialized_winograd_modules_split(schedule):
+    """Depthwise modules stay one unit; so does every module rendered without split=True (what
+    `convgen show`, `generate` and `export` write). The generic direct module links the core object
+    its dtype's and layout's specialized windows link; a Winograd module the core object a direct
+    module of its micro-tile's schedule links."""
     winograd = ConvSpec(Window(3, 1, 1), family="winograd", tile=4)
-    assert render(ConvSpec(Window(3, 1, 1)), schedule, split=True).core is not None
+    for layout in ("NCHW", "NHWC"):
+        core = render(ConvSpec(Window(3, 1, 1), layout=layout), schedule, split=True).core
+        assert core is not None and render(ConvSpec(None, layout=layout), schedule, split=True).core == core
     for ops in (("fwd",), ("bwd_weight",), None):
         core = render(winograd, schedule, ops=ops, split=True).core
         assert core == render(ConvSpec(Window(5, 2, 2)), schedule.for_family("winograd"), split=True).core
     one_unit = [render(spec, schedule, split=True) for spec in (
-        ConvSpec(None), ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(None, family="depthwise"))]
-    one_unit += [render(ConvSpec(Window(3, 1, 1)), schedule), render(winograd, schedule)]
+        ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(None, family="depthwise"))]
+    one_unit += [render(spec, schedule) for spec in (ConvSpec(Window(3, 1, 1)), ConvSpec(None), winograd)]
     for rendered in one_unit:
         assert rendered.core is None
         assert "#define CG_CORE static" in rendered.source

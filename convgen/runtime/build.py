@@ -40,7 +40,7 @@ DEFAULT_CFLAGS = ("-O3",)
 # A split module's own code (the window's packing, scatter, Winograd's transforms and the loops around
 # the core's micro-kernels) by default: it compiles in half to two thirds of -O3's time, and the few
 # loops whose speed came from -O3 alone say so in the templates (`omp simd`). The core object and whole
-# modules (depthwise, generic builds) keep DEFAULT_CFLAGS, which they need.
+# modules (depthwise) keep DEFAULT_CFLAGS.
 DEFAULT_WINDOW_CFLAGS = ("-O2",)
 # Added to every build, after the user's flags: OpenMP, a position-independent shared object, no
 # type-based alias analysis (the kernels view one buffer through several pointer types), and hidden
