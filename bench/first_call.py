@@ -3,7 +3,7 @@ empty kernel cache, the first forward call timed, then the first backward call (
 which compiles the input and weight gradients' modules side by side); then the same two calls of a
 second new window, the padding one larger, which finds the objects the first built in the cache:
 the interface objects every module links (the cffi wrapper of its entry points, compiled once per
-dtype, build and set of ops) and, for a specialized direct module, the core objects (the
+dtype, build and set of ops) and, for a direct or Winograd module, the core objects (the
 window-independent half of its code and its plans, compiled once per dtype, layout and schedule).
 What a process pays once before its first kernel (loading the
 templates, asking the compiler what it targets) is timed apart, first. Writes
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
              f"loaded, the compiler asked what it targets), timed first. The first forward call compiles the forward "
              f"module; the first backward call (conv2d_backward) the input and weight gradients' modules, side by "
              f"side. Next window: the same two calls of a second new window in the same process, the padding one "
-             f"larger: its modules link the interface objects the first built (a direct one its core objects too). "
+             f"larger: its modules link the interface objects the first built (a direct or Winograd one its core objects too). "
              f"CPU: {cpu_model()}, "
              f"{os.cpu_count()} cores.", "",
              "| window | layout | algorithm | process start (s) | first forward (s) | first backward (s) "
