@@ -7,14 +7,14 @@ generic one, and the loops over the kernel window are unrolled only where the wi
 entry points' declarators and op ids come from convgen.codegen.abi, so the C, the cdef and the Python
 calls agree by construction.
 
-A module is one translation unit, or, for the direct family's modules (specialized and generic) and
-the Winograd family's specialized ones as the runtime compiles them (`render(..., split=True)`), two: the functions the templates mark `CG_CORE`
-(the micro-kernels, the weight gradient's dot products, the workspace: code that reads no window
-value) are rendered once, from the direct family's generic build of every op, into a *core* source,
-compiled once per dtype, layout and schedule, and linked into every window's module, which keeps only
-their declarations. About half of a direct module's code, so a new window compiles in about two thirds
-of the time; the generic module links the same core, and a Winograd module (whose weight gradient
-is the direct family's) the core of its own micro-tile's schedule.
+A module is one translation unit, or, as the runtime compiles a direct module (specialized or
+generic) or a specialized Winograd one (`render(..., split=True)`), two: the functions the templates
+mark `CG_CORE` (the micro-kernels, the weight gradient's dot products, the workspace: code that reads
+no window value) are rendered once, from the direct family's generic build of every op, into a *core*
+source, compiled once per dtype, layout and schedule, and linked into every window's module, which
+keeps only their declarations. About half of a direct module's code, so a new window compiles in
+about two thirds of the time; the generic module links the same core, and a Winograd module (whose
+weight gradient is the direct family's) the core of its own micro-tile's schedule.
 tests/test_render.py checks that every core function renders, macros expanded, exactly as in the
 specialized build of each window it is linked into: the split costs no specialization. The plans
 (`CG_PLAN`: blocks, work items, threads and memory, decided once per call) go to the core object too,
@@ -194,10 +194,10 @@ def _tap_layout(window) -> tuple[list, list]:
 
 
 def splits(spec: ConvSpec) -> bool:
-    """Whether the runtime builds `spec` as a window module linked with a core object: every build of
-    the families that share the direct family's micro-kernels and weight gradient, the direct (both
-    builds: the generic one links the very core its specialized windows link) and Winograd (depthwise
-    modules have no CG_CORE functions)."""
+    """Whether the runtime builds `spec` as a window module linked with a core object: a direct module,
+    specialized or generic (which links the very core its specialized windows link), or a specialized
+    Winograd module, whose micro-kernels and weight gradient are the direct family's. Depthwise
+    modules have no CG_CORE functions."""
     return spec.family == "direct" or (spec.family == "winograd" and spec.specialized)
 
 
