@@ -536,6 +536,9 @@ def test_cache_info_and_clear(private_cache):
     seeded = [seed(SPEC, private_cache)[0], seed(ConvSpec(None, "float64", "NCHW"), private_cache)[0]]
     seed_core(SPEC, private_cache)  # core objects are not modules, and are cleared too
     (private_cache / f"{cache.MODULE_PREFIX}stale.x.build").mkdir()  # left by a killed build
+    # the runtime's render keeps the templates compiled in the cache directory
+    render.render(SPEC, kernels.settings().schedule(), split=True, compiled_templates=cache.compiled_templates_dir())
+    assert any(cache.compiled_templates_dir().iterdir())
     info = convgen.cache_info()
     assert info == {"dir": str(private_cache), "modules": 2, "bytes": sum(p.stat().st_size for p in seeded)}
     assert convgen.cache_clear() == 2
@@ -543,6 +546,48 @@ def test_cache_info_and_clear(private_cache):
     assert convgen.cache_info()["modules"] == 0
     check_conv(SPEC)  # works again after a clear: the kernel is rebuilt
     assert convgen.cache_info()["modules"] == 1
+
+
+def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path, monkeypatch):
+    """The runtime keeps the templates compiled in the cache: the next process (here, a fresh
+    environment) renders without compiling one, and renders exactly what compiling them renders; an
+    edited template is compiled afresh, never taken from the cache stale."""
+    spec = ConvSpec(Window(3, 1, 1), "float32", "NHWC", "winograd", 4)
+    schedule = kernels.settings().schedule()
+    compiled = cache.compiled_templates_dir()
+    edited = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATE_DIR, edited)
+    render._environment.cache_clear()
+    fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
+    edited_fresh = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
+    assert edited_fresh == fresh and len(list(compiled.iterdir())) >= 20
+    render._environment.cache_clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a template was compiled although the cache holds it")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(render.jinja2.Environment, "compile", refuse)
+        assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
+    transforms = edited / "winograd" / "transforms.c.j2"
+    transforms.write_text(transforms.read_text() + "/* edited */\n")
+    render._environment.cache_clear()
+    again = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
+    assert "/* edited */" in again.source and "/* edited */" not in fresh.source
+    render._environment.cache_clear()
+
+
+def test_templates_render_where_their_compiled_copies_cannot_be_kept(tmp_path):
+    """Keeping the compiled templates is an optimization: a directory that cannot be made is skipped."""
+    (tmp_path / "file").write_text("")
+    spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
+    schedule = kernels.settings().schedule()
+    render._environment.cache_clear()
+    try:
+        kept = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "file" / "below")
+    finally:
+        render._environment.cache_clear()
+    assert kept == render.render(spec, schedule, split=True)
 
 
 def test_clear_spares_a_build_in_progress(private_cache):

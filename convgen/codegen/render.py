@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -73,8 +74,28 @@ class Rendered:
     core: str | None = None
 
 
+class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """The templates compiled to Python, kept on disk between processes: a process's first render
+    then loads them (about 0.03 s) instead of parsing and compiling them (about 0.35 s). Jinja keys
+    each on the template's name and path and checks its source's digest before use, so an edited
+    template is compiled afresh. A cache, nothing more: what cannot be read or written is skipped."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, ValueError, EOFError):
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 @functools.lru_cache(maxsize=4)
-def _environment(directory: Path) -> jinja2.Environment:
+def _environment(directory: Path, compiled: Path | None = None) -> jinja2.Environment:
     if not directory.is_dir():
         if directory == TEMPLATE_DIR:
             raise FileNotFoundError(f"convgen templates not found at {TEMPLATE_DIR}: this installation of convgen is "
@@ -87,6 +108,7 @@ def _environment(directory: Path) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=None if compiled is None else _CompiledTemplates(str(compiled)),
     )
 
 
@@ -201,7 +223,8 @@ def splits(spec: ConvSpec) -> bool:
     return spec.family == "direct" or (spec.family == "winograd" and spec.specialized)
 
 
-def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: bool = False) -> Rendered:
+def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: bool = False,
+           compiled_templates: Path | None = None) -> Rendered:
     """Render the module source of `spec` under `schedule`, with its cdef and symbols.
 
     `ops`: the ops whose entry points the module carries ("fwd", "bwd_data", "bwd_weight"; default
@@ -209,11 +232,13 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     of one op compiles in a fraction of the time. `templates`: a directory laid out as templates/ (an
     edited copy, say) instead of convgen's own. `split`: render a spec that `splits` as a window
     module and the core it links (`Rendered.core`), as the runtime builds it; by default one
-    self-contained source, as `convgen show`, `generate` and `export` write it.
+    self-contained source, as `convgen show`, `generate` and `export` write it. `compiled_templates`:
+    a private directory that keeps the templates compiled between processes (the runtime passes one
+    in its kernel cache), which saves a process's first render most of its time.
     """
     ops = abi.as_ops(ops)
     schedule = schedule.for_family(spec.family)
-    environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
+    environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR, compiled_templates)
     template = environment.get_template(f"{spec.family}/module.c.j2")
     core = None
     if split and splits(spec):

@@ -33,6 +33,8 @@ MODULE_PREFIX = "_cg_"
 CORE_PREFIX = MODULE_PREFIX + "core_"
 # The interface objects every module links (see convgen.runtime.build): `_cg_interface_<key>.o`.
 INTERFACE_PREFIX = MODULE_PREFIX + "interface_"
+# The templates compiled to Python (see convgen.codegen.render), a directory `convgen cache clear` removes.
+COMPILED_TEMPLATES = MODULE_PREFIX + "templates"
 
 
 class CacheError(RuntimeError):
@@ -255,6 +257,12 @@ def core_object(key: str, build: Callable[[str, Path], Path], into: Path, prefix
     return _use_or_build(name, path, digest_path, copy_if_sound, build, what, "read back")[0]
 
 
+def compiled_templates_dir() -> Path:
+    """Where the runtime keeps the templates compiled between processes: inside the checked cache
+    directory, so that, like the modules, only this user's own files are ever loaded from it."""
+    return checked_cache_dir() / COMPILED_TEMPLATES
+
+
 def list_modules() -> list[Path]:
     """The published kernel modules in the cache, sorted by file name (none if it does not exist yet)."""
     directory = cache_dir()
@@ -281,8 +289,8 @@ def _building(directory: Path, name: str) -> bool:
 
 
 def cache_clear() -> int:
-    """Delete every cached module and core object (and their digests and locks); return how many
-    modules were removed.
+    """Delete every cached module, core and interface object (and their digests and locks) and the
+    compiled templates; return how many modules were removed.
 
     A build in progress in another process keeps its lock and temporary directory, and publishes
     its module when it finishes.
@@ -296,7 +304,7 @@ def cache_clear() -> int:
     for path in directory.glob(f"{MODULE_PREFIX}*"):  # modules, their digests and locks, build directories
         if path.name.split(".")[0] in busy and (path.is_dir() or path.suffix == ".lock"):
             continue
-        if path.is_dir():  # the temporary directory of a build that was killed
+        if path.is_dir():  # the compiled templates, or the temporary directory of a build that was killed
             shutil.rmtree(path, ignore_errors=True)
             continue
         if path in modules:
