@@ -5,9 +5,10 @@ second new window, the padding one larger, which finds the objects the first bui
 the interface objects every module links (the cffi wrapper of its entry points, compiled once per
 dtype, build and set of ops) and, for a direct or Winograd module, the core objects (the
 window-independent half of its code and its plans, compiled once per dtype, layout and schedule).
-What a process pays once before its first kernel (loading the
-templates, asking the compiler what it targets) is timed apart, first. Writes
-bench/results/first_call.md.
+What a process pays once before its first kernel (compiling the
+templates, asking the compiler what it targets) is timed apart, first. Then a second process on the
+cache the first filled times its start (the templates loaded compiled) and its first forward call
+of the first window (its module loaded). Writes bench/results/first_call.md.
 
     python bench/first_call.py [--repeat 3] [--out bench/results/first_call.md] [--cases k3s1p1:NCHW:auto ...]
 """
@@ -34,13 +35,14 @@ from peak import cpu_model  # noqa: E402
 CASES = [("k3s1p1", "NCHW", "auto"), ("k3s1p1", "NCHW", "direct"), ("k3s1p1", "NHWC", "auto"),
          ("k3s2p1", "NCHW", "auto"), ("k5s1p2", "NCHW", "auto"), ("k5s3p1", "NHWC", "auto")]
 
-# Run in the child: import convgen, make arrays, time the first forward and backward calls.
+# Run in the child: import convgen, make arrays, time the first forward and backward calls; with
+# "cached", in a cache the first child filled, only the process start and the first forward call.
 CHILD = r"""
 import json, sys, time
 import numpy as np
 import convgen
 from convgen.planning.spec import Window
-text, layout, algorithm = sys.argv[1:4]
+text, layout, algorithm, mode = sys.argv[1:5]
 window = Window.parse(text)
 rng = np.random.default_rng(0)
 x = rng.standard_normal((2, 16, 20, 20), dtype=np.float32)
@@ -51,8 +53,15 @@ kw = dict(stride=window.stride, padding=window.padding, layout=layout, algorithm
 start = time.perf_counter()
 from convgen.codegen.render import render
 from convgen.planning.spec import ConvSpec
-render(ConvSpec(None, "float32", layout), convgen.runtime.kernels.settings().schedule())
+from convgen.runtime.cache import compiled_templates_dir
+render(ConvSpec(None, "float32", layout), convgen.runtime.kernels.settings().schedule(),
+       compiled_templates=compiled_templates_dir())  # as the runtime renders
 once = time.perf_counter() - start
+if mode == "cached":
+    start = time.perf_counter()
+    convgen.conv2d(x, w, **kw)
+    print(json.dumps({"cached_once": once, "cached_forward": time.perf_counter() - start}))
+    sys.exit()
 def time_first_calls():  # seconds of the first forward and the first backward call of the window in kw
     start = time.perf_counter()
     y = convgen.conv2d(x, w, **kw)
@@ -74,9 +83,12 @@ def first_calls(text: str, layout: str, algorithm: str) -> dict:
         # the default a user has: a module per op (CONVGEN_MODULES=whole would build all three at once)
         env = dict(os.environ, CONVGEN_CACHE_DIR=cache, CONVGEN_MODULES="per-op")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        proc = subprocess.run([sys.executable, "-c", CHILD, text, layout, algorithm], capture_output=True, text=True,
-                              env=env, timeout=600, check=True)
-    return json.loads(proc.stdout.splitlines()[-1])
+        times = {}
+        for mode in ("fresh", "cached"):
+            proc = subprocess.run([sys.executable, "-c", CHILD, text, layout, algorithm, mode], capture_output=True,
+                                  text=True, env=env, timeout=600, check=True)
+            times.update(json.loads(proc.stdout.splitlines()[-1]))
+    return times
 
 
 def main(argv=None) -> int:
@@ -94,15 +106,18 @@ def main(argv=None) -> int:
              f"module; the first backward call (conv2d_backward) the input and weight gradients' modules, side by "
              f"side. Next window: the same two calls of a second new window in the same process, the padding one "
              f"larger: its modules link the interface objects the first built (a direct or Winograd one its core objects too). "
+             f"Cached: a second process on the cache the first filled (the templates it compiled, its modules), its start "
+             f"and its first forward call of the first window. "
              f"CPU: {cpu_model()}, "
              f"{os.cpu_count()} cores.", "",
              "| window | layout | algorithm | process start (s) | first forward (s) | first backward (s) "
-             "| next window forward (s) | next window backward (s) |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             "| next window forward (s) | next window backward (s) | cached: process start (s) | cached: first forward (s) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for text, layout, algorithm in cases:
         runs = [first_calls(text, layout, algorithm) for _ in range(args.repeat)]
         medians = [statistics.median(r[key] for r in runs)
-                   for key in ("once", "forward", "backward", "next_forward", "next_backward")]
+                   for key in ("once", "forward", "backward", "next_forward", "next_backward", "cached_once",
+                               "cached_forward")]
         lines.append(f"| {text} | {layout} | {algorithm} | " + " | ".join(f"{m:.2f}" for m in medians) + " |")
         print(lines[-1], flush=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
