@@ -577,6 +577,30 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
     render._environment.cache_clear()
 
 
+def test_compiled_templates_others_could_have_written_are_not_loaded(private_cache, monkeypatch):
+    """A compiled template is Python code: like a module, it is loaded only from this user's own file
+    that nobody else may write (one planted while the directory was open to others is compiled anew)."""
+    spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
+    schedule = kernels.settings().schedule()
+    compiled = cache.compiled_templates_dir()
+    render._environment.cache_clear()
+    fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
+    files = list(compiled.iterdir())
+    assert files
+    for path in files:
+        path.chmod(0o666)
+    render._environment.cache_clear()
+    compiles = []
+    original = render.jinja2.Environment.compile
+    monkeypatch.setattr(render.jinja2.Environment, "compile",
+                        lambda self, *args, **kwargs: compiles.append(1) or original(self, *args, **kwargs))
+    try:
+        assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
+    finally:
+        render._environment.cache_clear()
+    assert len(compiles) == len(files)
+
+
 def test_templates_render_where_their_compiled_copies_cannot_be_kept(tmp_path):
     """Keeping the compiled templates is an optimization: a directory that cannot be made is skipped."""
     (tmp_path / "file").write_text("")

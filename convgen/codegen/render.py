@@ -78,11 +78,14 @@ class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
     """The templates compiled to Python, kept on disk between processes: a process's first render
     then loads them (about 0.03 s) instead of parsing and compiling them (about 0.35 s). Jinja keys
     each on the template's name and path and checks its source's digest before use, so an edited
-    template is compiled afresh. A cache, nothing more: what cannot be read or written is skipped."""
+    template is compiled afresh. As with the kernel modules, only this user's own files that nobody
+    else may write are loaded. A cache, nothing more: what cannot be read or written is skipped."""
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
-            super().load_bytecode(bucket)
+            info = os.stat(self._get_cache_filename(bucket))
+            if info.st_uid == os.getuid() and not info.st_mode & 0o022:
+                super().load_bytecode(bucket)
         except (OSError, ValueError, EOFError):
             bucket.reset()
 
