@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     lines = ["# First call of a new window", "",
              f"Each case in a fresh process with an empty kernel cache, {args.repeat} times, medians; x (2, 16, 20, 20), "
              f"16 filters, float32. Process start: what the process pays once before its first kernel (templates "
-             f"loaded, the compiler asked what it targets), timed first. The first forward call compiles the forward "
+             f"compiled, the compiler asked what it targets), timed first. The first forward call compiles the forward "
              f"module; the first backward call (conv2d_backward) the input and weight gradients' modules, side by "
              f"side. Next window: the same two calls of a second new window in the same process, the padding one "
              f"larger: its modules link the interface objects the first built (a direct or Winograd one its core objects too). "
