@@ -548,7 +548,15 @@ def test_cache_info_and_clear(private_cache):
     assert convgen.cache_info()["modules"] == 1
 
 
-def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_environments():
+    """No Jinja environment (and no template it loaded) from before the test, and none left after it."""
+    render._environment.cache_clear()
+    yield render._environment.cache_clear
+    render._environment.cache_clear()
+
+
+def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path, monkeypatch, fresh_environments):
     """The runtime keeps the templates compiled in the cache: the next process (here, a fresh
     environment) renders without compiling one, and renders exactly what compiling them renders; an
     edited template is compiled afresh, never taken from the cache stale."""
@@ -557,11 +565,10 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
     compiled = cache.compiled_templates_dir()
     edited = tmp_path / "templates"
     shutil.copytree(render.TEMPLATE_DIR, edited)
-    render._environment.cache_clear()
     fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
     edited_fresh = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
     assert edited_fresh == fresh and len(list(compiled.iterdir())) >= 20
-    render._environment.cache_clear()
+    fresh_environments()  # as a new process would start
 
     def refuse(*args, **kwargs):
         raise AssertionError("a template was compiled although the cache holds it")
@@ -571,46 +578,37 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
         assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
     transforms = edited / "winograd" / "transforms.c.j2"
     transforms.write_text(transforms.read_text() + "/* edited */\n")
-    render._environment.cache_clear()
+    fresh_environments()
     again = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
     assert "/* edited */" in again.source and "/* edited */" not in fresh.source
-    render._environment.cache_clear()
 
 
-def test_compiled_templates_others_could_have_written_are_not_loaded(private_cache, monkeypatch):
+def test_compiled_templates_others_could_have_written_are_not_loaded(private_cache, monkeypatch, fresh_environments):
     """A compiled template is Python code: like a module, it is loaded only from this user's own file
     that nobody else may write (one planted while the directory was open to others is compiled anew)."""
     spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
     schedule = kernels.settings().schedule()
     compiled = cache.compiled_templates_dir()
-    render._environment.cache_clear()
     fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
     files = list(compiled.iterdir())
     assert files
     for path in files:
         path.chmod(0o666)
-    render._environment.cache_clear()
+    fresh_environments()
     compiles = []
     original = render.jinja2.Environment.compile
     monkeypatch.setattr(render.jinja2.Environment, "compile",
                         lambda self, *args, **kwargs: compiles.append(1) or original(self, *args, **kwargs))
-    try:
-        assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
-    finally:
-        render._environment.cache_clear()
+    assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
     assert len(compiles) == len(files)
 
 
-def test_templates_render_where_their_compiled_copies_cannot_be_kept(tmp_path):
+def test_templates_render_where_their_compiled_copies_cannot_be_kept(tmp_path, fresh_environments):
     """Keeping the compiled templates is an optimization: a directory that cannot be made is skipped."""
     (tmp_path / "file").write_text("")
     spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
     schedule = kernels.settings().schedule()
-    render._environment.cache_clear()
-    try:
-        kept = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "file" / "below")
-    finally:
-        render._environment.cache_clear()
+    kept = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "file" / "below")
     assert kept == render.render(spec, schedule, split=True)
 
 
