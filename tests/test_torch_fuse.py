@@ -188,6 +188,30 @@ def test_fused_module_checks_its_residual():
     assert "epilogue=addrelu" in repr(module)
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
+def test_fused_module_takes_inputs_and_residuals_of_any_strides(memory_format):
+    """Dense inputs run on their own memory, others on a copy; a residual whose strides are not the
+    output's is read through a copy; the output is dense in the layout the call computed in; the
+    caller's tensors are left as they were."""
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+    module = FusedConv2d(conv, conv.weight, conv.bias, "relu", "before")
+    x = torch.randn(2, 4, 6, 9).contiguous(memory_format=memory_format)
+    cases = [(x, torch.randn(2, 6, 6, 9)),
+             (x, torch.randn(2, 6, 6, 9).contiguous(memory_format=torch.channels_last)),
+             (x, torch.randn(1, 6, 1, 1).expand(2, 6, 6, 9)),          # strides of 0
+             (x[..., 1:8], torch.randn(2, 6, 6, 7)),                     # a window of x's memory
+             (x[:, :, ::2], torch.randn(2, 6, 3, 9)[..., :]),           # every other row
+             (x, torch.randn(2, 6, 6, 9))]                                # the first signature again
+    with torch.no_grad():
+        for xi, residual in cases:
+            kept_x, kept_residual = xi.clone(), residual.clone()
+            y = module(xi, residual)
+            assert _relative(y, F.relu(conv(xi) + residual)) <= 1e-5
+            last = xi.is_contiguous(memory_format=torch.channels_last) and not xi.is_contiguous()
+            assert y.is_contiguous(memory_format=torch.channels_last if last else torch.contiguous_format)
+            assert torch.equal(xi, kept_x) and torch.equal(residual, kept_residual)
+
+
 class WritesIntoItsInput(nn.Module):
     """identity.add_(conv(x)): the add writes into the residual, which the model reads again after
     through another name (both names see the write)."""

@@ -160,8 +160,8 @@ class FusedConv2d(nn.Module):
         self.activation, self.residual_position, self.algorithm = activation, residual_position, algorithm
         self.epilogue = as_epilogue(activation, residual_position is not None, residual_position or "before")
         self._activate = _torch_activation(activation)
-        self._bound: dict = {}  # input signature -> (call, weights in the layout, laid out, version)
-        self._kept = None  # the last large output (see _output)
+        self._bound: dict = {}  # input signature -> _Bound
+        self._kept = [None]  # the last large output (see _output), in a cell: set on every call
 
     def extra_repr(self) -> str:
         text = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
@@ -177,12 +177,13 @@ class FusedConv2d(nn.Module):
     def forward(self, x, residual=None):
         if (residual is None) != (self.residual_position is None):
             raise ValueError("FusedConv2d: residual must be given exactly when the module adds one")
-        fast = (_eager(x, self.weight, self.bias) and x.dtype == self.weight.dtype and x.dim() == 4
+        weight = self.weight  # (buffers are looked up through nn.Module's __getattr__: once per call)
+        fast = (_eager(x, weight, self.bias) and x.dtype == weight.dtype and x.dim() == 4
                 and (residual is None or (type(residual) in (torch.Tensor, nn.Parameter) and residual.is_cpu
                                           and residual.dtype == x.dtype))
                 and not (torch.is_grad_enabled() and (x.requires_grad or (residual is not None
                                                                            and residual.requires_grad))))
-        return self._convgen(x, residual) if fast else self._pytorch(x, residual)
+        return self._convgen(x, weight, residual) if fast else self._pytorch(x, residual)
 
     def _pytorch(self, x, residual):
         """The same arithmetic as PyTorch operations (autograd, tracers, other devices)."""
@@ -198,60 +199,79 @@ class FusedConv2d(nn.Module):
             y = y + residual
         return y
 
-    def _planned(self, x):
+    def _bind(self, key, x) -> "_Bound":
+        """Plan the call for x's signature (`key`) and lay the weights out for it, once."""
         last = channels_last(_KIND, x)
-        key = (x.shape, x.dtype, last, settings(), torch.get_num_threads(), self.weight._version)
-        bound = self._bound.get(key)
-        if bound is None:
-            x_array = _numpy(_in_layout(_KIND, x, last))
-            w_array = np.ascontiguousarray(_numpy(self.weight.permute(_KIND.weight_to_last) if last else self.weight))
-            bias = None if self.bias is None else np.ascontiguousarray(_numpy(self.bias))
-            call = convgen_ops.prepare("conv2d", (x_array, w_array, bias), algorithm=self.algorithm,
-                                       stride=self.stride, padding=self.padding, dilation=self.dilation,
-                                       groups=self.groups, layout="NHWC" if last else "NCHW",
-                                       padding_mode=self.padding_mode, epilogue=self.epilogue)
-            laid_out = None
-            if not call.empty:
-                laid_out = call.kernels().prepare_weights("fwd", call.problem, w_array, torch.get_num_threads())
-            if len(self._bound) >= 16:
-                self._bound.clear()
-            bound = self._bound[key] = (call, w_array, laid_out, bias, last)
+        x_layout = _in_layout(_KIND, x, last)
+        w_array = np.ascontiguousarray(_numpy(self.weight.permute(_KIND.weight_to_last) if last else self.weight))
+        bias = None if self.bias is None else np.ascontiguousarray(_numpy(self.bias))
+        call = convgen_ops.prepare("conv2d", (_numpy(x_layout), w_array, bias), algorithm=self.algorithm,
+                                   stride=self.stride, padding=self.padding, dilation=self.dilation,
+                                   groups=self.groups, layout="NHWC" if last else "NCHW",
+                                   padding_mode=self.padding_mode, epilogue=self.epilogue)
+        laid_out = None
+        if not call.empty:
+            laid_out = call.kernels().prepare_weights("fwd", call.problem, w_array, torch.get_num_threads())
+        if len(self._bound) >= 16:
+            self._bound.clear()
+        bound = self._bound[key] = _Bound(call, last, x_layout.data_ptr() == x.data_ptr(), w_array, laid_out, bias)
         return bound
 
-    def _convgen(self, x, residual):
-        call, w_array, laid_out, bias, last = self._planned(x)
-        problem = call.problem
-        shape = problem.output_shape  # in the layout's order
+    def _convgen(self, x, weight, residual):
+        # The key holds x's strides: an x of the same strides is in the same layout, dense or not.
+        key = (x.shape, x.stride(), x.dtype, settings(), torch.get_num_threads(), weight._version)
+        bound = self._bound.get(key) or self._bind(key, x)
+        y = self._output(bound, x.dtype)
+        r = None
         if residual is not None:
-            r = _in_layout(_KIND, residual, last)
-            if tuple(r.shape) != tuple(shape):
-                raise ValueError(f"residual must have the output's shape {tuple(problem.conv().output_shape)} "
-                                 f"(in the layout's order), got {tuple(r.shape)}")
-        y = self._output(shape, x.dtype)
-        if call.empty:
-            convgen_ops._numpy_epilogue(_fill_bias(y, bias, last), problem.epilogue,
-                                        None if residual is None else _numpy(r))
+            if residual.shape != y.shape:
+                raise ValueError(f"residual must have the output's shape {tuple(y.shape)}, got {tuple(residual.shape)}")
+            # (the output's strides are those of a dense tensor in the layout: a residual with them is one)
+            r = residual if residual.stride() == y.stride() else residual.contiguous(memory_format=bound.memory_format)
+        if bound.call.empty:
+            y_layout = y.permute(_KIND.to_last) if bound.last else y
+            convgen_ops._numpy_epilogue(_fill_bias(y_layout, bound.bias, bound.last), bound.problem.epilogue,
+                                        None if r is None else _numpy(r.permute(_KIND.to_last) if bound.last else r))
         else:
-            xa = _in_layout(_KIND, x, last)
-            call.kernels().call_addresses(
-                "fwd", problem, (xa.data_ptr(), w_array.ctypes.data, 0 if laid_out is None else laid_out.ctypes.data,
-                                 0 if bias is None else bias.ctypes.data, 0 if residual is None else r.data_ptr(),
-                                 y.data_ptr()), torch.get_num_threads())
+            xa = x if bound.dense else _in_layout(_KIND, x, bound.last)
+            bound.kernels.call_addresses("fwd", bound.problem, (xa.data_ptr(), *bound.weight_addresses,
+                                                                0 if r is None else r.data_ptr(), y.data_ptr()),
+                                         torch.get_num_threads())
         if y.numel() * y.element_size() >= KEPT_OUTPUT_BYTES:
-            self._kept = y
-        return y.permute(_KIND.from_last) if last else y
+            self._kept[0] = y
+        return y
 
-    def _output(self, shape, dtype) -> torch.Tensor:
-        """The call's output tensor: the last call's, kept, when it is as large as KEPT_OUTPUT_BYTES and
-        nothing but this module holds it or its memory any more (no tensor, view or array: the model
-        that read it is done with it); else a new one, its memory marked for huge pages."""
-        kept, self._kept = self._kept, None
-        if kept is not None and tuple(kept.shape) == tuple(shape) and kept.dtype == dtype and _only_ours(kept):
+    def _output(self, bound: "_Bound", dtype) -> torch.Tensor:
+        """The call's output tensor, dense in the call's layout: the last call's, kept, when it is as
+        large as KEPT_OUTPUT_BYTES and nothing but this module holds it or its memory any more (no
+        tensor, view or array: the model that read it is done with it); else a new one, its memory
+        marked for huge pages."""
+        kept, self._kept[0] = self._kept[0], None
+        if (kept is not None and kept.shape == bound.output_shape and kept.dtype == dtype
+                and kept.is_contiguous(memory_format=bound.memory_format) and _only_ours(kept)):
             return kept
         del kept
-        y = torch.empty(shape, dtype=dtype)
+        y = torch.empty(bound.output_shape, dtype=dtype, memory_format=bound.memory_format)
         advise_huge_pages(y.data_ptr(), y.numel() * y.element_size())
         return y
+
+
+class _Bound:
+    """A FusedConv2d's call for one input signature: the plan, the layout (`last`), whether x's own
+    memory is already dense in it (`dense`), and the weights, bias and laid-out weights as the kernels
+    read them, with their addresses (the arrays are held here, so the addresses stay valid)."""
+
+    __slots__ = ("call", "problem", "kernels", "last", "dense", "memory_format", "output_shape", "bias",
+                 "arrays", "weight_addresses")
+
+    def __init__(self, call, last: bool, dense: bool, weight: np.ndarray, laid_out, bias):
+        self.call, self.problem, self.last, self.dense, self.bias = call, call.problem, last, dense, bias
+        self.kernels = None if call.empty else call.kernels()
+        self.memory_format = torch.channels_last if last else torch.contiguous_format
+        problem = call.problem
+        self.output_shape = torch.Size((problem.n, problem.f, problem.ho, problem.wo))  # logical, any layout
+        self.arrays = (weight, laid_out, bias)
+        self.weight_addresses = tuple(0 if a is None else a.ctypes.data for a in self.arrays)
 
 
 # Outputs this large come from the system afresh on every allocation (glibc maps each one past 32 MiB
