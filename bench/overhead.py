@@ -50,9 +50,10 @@ def measure(specialize: bool, repeat: int) -> dict:
     ptr = {name: modules["fwd"].ffi.from_buffer("float[]", a) for name, a in
            dict(x=x, w=w, b=b, y=y, dy=dy, dx=grads[0], dw=grads[1], t=t).items()}
     null = modules["fwd"].ffi.NULL  # no prepared weights: the kernels lay them out on each call, as the ops do
+    epilogue = problem.epilogue.arguments  # (none here, but the forward entry takes its parameters)
     funcs = {
         "conv2d": lambda: convgen.conv2d(x, w, b, out=y, **kw),
-        "conv2d C only": lambda: fwd(ptr["x"], ptr["w"], null, ptr["b"], ptr["y"], *args),
+        "conv2d C only": lambda: fwd(ptr["x"], ptr["w"], null, ptr["b"], null, ptr["y"], *epilogue, *args),
         "conv2d_backward": lambda: convgen.conv2d_backward(dy, x, w, out=grads, **kw),
         "conv2d_backward C only": lambda: (bwd_data(ptr["dy"], ptr["w"], null, ptr["dx"], *args),
                                            bwd_weight(ptr["dy"], ptr["x"], ptr["dw"], *args),

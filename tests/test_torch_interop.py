@@ -752,6 +752,46 @@ def test_laid_out_weights_follow_every_change_the_version_counter_sees():
     agree("double")
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_weights_in_another_layout_are_copied_once_per_value(mode, weight_copies, layouts_made):
+    """A functional call on a channels_last input with contiguous weights (not a converted module's,
+    which are re-laid in place) reorders a copy of them: once per value when no gradient is taken,
+    the copy laid out for the kernels on the second call like a weight that lies in the layout; every
+    change the version counter sees, and a write through `.data` once forgotten, reaches the kernels;
+    weights being trained are copied on every call."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 6, 9, 9).to(memory_format=torch.channels_last)
+    weight, bias = torch.randn(8, 6, 3, 3), torch.randn(8)
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+
+    def agree(note, calls=3):
+        with context():
+            for _ in range(calls):
+                got = cgt.conv2d(x, weight, bias, padding=1)
+        want = torch.nn.functional.conv2d(x, weight, bias, padding=1)
+        assert _relative(got, want) <= 1e-5, note
+
+    with context():
+        cgt.conv2d(x, weight, bias, padding=1)  # plans the signature (on a copy too) and copies the weights
+    weight_copies.clear()
+    agree("the same values")
+    assert weight_copies == [] and layouts_made == ["fwd"]
+    with torch.no_grad():
+        weight.mul_(-2.0)
+    agree("mul_")
+    assert len(weight_copies) == 1 and layouts_made == ["fwd", "fwd"]
+    weight.data[:, :3].zero_()  # unseen by the version counter...
+    cgt.forget_laid_out_weights()  # ...until the kept copies are forgotten
+    agree("written through .data")
+    assert len(weight_copies) == 2
+    trained = weight.clone().requires_grad_(True)
+    cgt.conv2d(x, trained, bias, padding=1).sum().backward()  # (another signature: planned first)
+    weight_copies.clear()
+    for _ in range(2):
+        cgt.conv2d(x, trained, bias, padding=1).sum().backward()
+    assert len(weight_copies) == 2 * 2  # (the forward pass and the input gradient, each call)
+
+
 def test_laid_out_weights_serve_concurrent_calls():
     original, converted = _deep_pair(6)
     inputs = [torch.randn(1, 8, 9, 9) for _ in range(4)]

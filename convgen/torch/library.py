@@ -431,11 +431,12 @@ class LaidOut:
 
 
 def forget_laid_out_weights() -> None:
-    """Drop every weight layout kept for eager calls (`LaidOut`): the next calls lay them out afresh.
+    """Drop every weight layout (and weight copy in a layout's order) kept for eager calls (`LaidOut`, `Bound._weight`): the next calls lay them out afresh.
     For programs that write weights where PyTorch's version counter does not see it (`.data`, NumPy)."""
     for bound in list(_BOUND.values()):
         bound.forward_weights.states.clear()
         bound.input_gradient_weights.states.clear()
+        bound.relaid_weights.clear()
 
 
 def _address(array) -> int:
@@ -449,7 +450,8 @@ class Bound:
     (`LaidOut`)."""
 
     __slots__ = ("kind", "last", "unbatched", "forward_call", "backward_call", "params", "y_shape",
-                 "x_ready", "weight_ready", "weight_stride", "bias_axes", "forward_weights", "input_gradient_weights")
+                 "x_ready", "weight_ready", "weight_stride", "bias_axes", "forward_weights", "input_gradient_weights",
+                 "relaid_weights", "image_strides")
 
     def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
         """x is batched; `unbatched`: the calls of this signature give it without its batch dimension."""
@@ -471,6 +473,10 @@ class Bound:
         transpose = self.forward_call.problem.transpose
         self.forward_weights = LaidOut("bwd_data" if transpose else "fwd")
         self.input_gradient_weights = LaidOut("fwd" if transpose else "bwd_data")
+        # id(weight) -> (weakref to it, its data pointer, version, its copy in the layout's order), for
+        # weights that do not lie in it and that no gradient is taken of (see `_weight`)
+        self.relaid_weights: dict = {}
+        self.image_strides: dict = {}  # an image's shape in the layout's order -> its logical shape and strides
 
     def _x(self, x):
         return x if self.x_ready else _in_layout(self.kind, x, self.last)
@@ -480,14 +486,40 @@ class Bound:
         # between a forward pass and its backward pass)
         return self.weight_ready and weight.stride() == self.weight_stride
 
-    def _weight(self, weight):
-        return weight if self._weight_as_planned(weight) else _weight_in_layout(self.kind, weight, self.last)
+    def _weight(self, weight, trained: bool = True) -> tuple[torch.Tensor, bool]:
+        """(the weights in the layout's order, whether they keep their values while they live): the
+        tensor itself when it lies so (LaidOut checks its values); else a copy, new on every call when
+        a gradient of the weights is taken (`trained`: their values change between calls), else made
+        once per weight value, as `LaidOut` keys its layouts, and kept."""
+        if self._weight_as_planned(weight):
+            return weight, True
+        if trained or torch.is_inference(weight):  # (an inference tensor has no version counter)
+            return _weight_in_layout(self.kind, weight, self.last), False
+        key, address, version = id(weight), weight.data_ptr(), weight._version
+        state = self.relaid_weights.get(key)
+        if state is None or state[0]() is not weight or state[1] != address or state[2] != version:
+            with torch.inference_mode(False):  # (a normal tensor, which LaidOut can key, under inference_mode too)
+                copy = _weight_in_layout(self.kind, weight, self.last)
+            state = self.relaid_weights[key] = (weakref.ref(weight, functools.partial(self._relaid_dropped, key)),
+                                                address, version, copy)
+        return state[3], True
+
+    def _relaid_dropped(self, key, reference) -> None:
+        state = self.relaid_weights.get(key)
+        if state is not None and state[0] is reference:
+            del self.relaid_weights[key]
 
     def _image(self, array_shape, like):
-        """A new tensor of the layout's shape, as the logical (N, C, *spatial) tensor it holds."""
-        t = torch.empty(array_shape, dtype=like.dtype)
+        """A new tensor of the layout's shape, as the logical (N, C, *spatial) tensor it holds (made
+        with the logical shape and the layout's strides: no permuted view per call)."""
+        found = self.image_strides.get(array_shape)
+        if found is None:
+            t = torch.empty(array_shape, dtype=like.dtype, device="meta")
+            t = t.permute(self.kind.from_last) if self.last else t
+            found = self.image_strides[array_shape] = (t.shape, t.stride())
+        t = torch.empty_strided(*found, dtype=like.dtype)
         advise_huge_pages(t.data_ptr(), t.numel() * t.element_size())
-        return t.permute(self.kind.from_last) if self.last else t
+        return t
 
     def run(self, x, weight, bias):
         """y for an eager call, recorded for autograd when a gradient is wanted."""
@@ -495,10 +527,11 @@ class Bound:
             return _run_batched(self, x.unsqueeze(0), weight, bias).squeeze(0)
         return _run_batched(self, x, weight, bias)
 
-    def _laid_out(self, which: LaidOut, kernels, problem, weight, threads: int, trained: bool):
-        """`which`'s laid-out weights for this call, or None: the kernels lay them out. (The caller holds
-        the array until the kernel returns: another thread may drop it from `which` meanwhile.)"""
-        if not self._weight_as_planned(weight):  # (a copy in the layout's order, new on every call)
+    def _laid_out(self, which: LaidOut, kernels, problem, weight, kept: bool, threads: int, trained: bool):
+        """`which`'s laid-out weights for this call, or None: the kernels lay them out. `weight`: in the
+        layout's order, `kept` as `_weight` says. (The caller holds the array until the kernel returns:
+        another thread may drop it from `which` meanwhile.)"""
+        if not kept:  # (a copy in the layout's order, new on every call)
             return None
         return which.get(kernels, problem, weight, threads, trained)
 
@@ -506,13 +539,13 @@ class Bound:
         """y; `trained`: a gradient of the weights will be taken (they are not laid out ahead)."""
         call = self.forward_call
         problem = call.problem
-        xa, wa = self._x(x), self._weight(weight)
+        xa, (wa, kept) = self._x(x), self._weight(weight, trained)
         y = self._image(self.y_shape, x)
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
         else:
             kernels, threads = call.kernels(), torch.get_num_threads()
-            laid_out = self._laid_out(self.forward_weights, kernels, problem, weight, threads, trained)
+            laid_out = self._laid_out(self.forward_weights, kernels, problem, wa, kept, threads, trained)
             if not problem.transpose:
                 bias_address = 0 if bias is None else bias.contiguous().data_ptr()
                 kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
@@ -540,12 +573,12 @@ class Bound:
         if call.empty:  # nothing multiplied: empty sums
             return (torch.zeros_like(x) if need_x else None), (torch.zeros_like(weight) if need_w else None)
         problem, kernels, threads = call.problem, call.kernels(), torch.get_num_threads()
-        dya, wa = _in_layout(self.kind, dy, self.last), self._weight(weight)
+        # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
+        dya, (wa, kept) = _in_layout(self.kind, dy, self.last), self._weight(weight, weight.requires_grad)
         dx = dw = None
         if need_x:
             dx = self._image(problem.input_shape, dy)
-            # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
-            laid_out = self._laid_out(self.input_gradient_weights, kernels, problem, weight, threads,
+            laid_out = self._laid_out(self.input_gradient_weights, kernels, problem, wa, kept, threads,
                                       weight.requires_grad)
             if not problem.transpose:
                 kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out),
