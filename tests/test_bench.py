@@ -556,3 +556,22 @@ def test_inference_bench_times_a_fused_model_and_checks_it(tmp_path):
     for row in rows[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[3]) >= 0 and float(cells[4]) > 0
+
+
+def test_overhead_bench_times_each_op_through_python_and_in_c(tmp_path):
+    """bench/overhead.py: each op through its Python function and straight through its cffi entry
+    point (with every argument the entry declares), both builds; then the calls from PyTorch."""
+    out = tmp_path / "overhead.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "overhead.py"), "--repeat", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = out.read_text()
+    assert "CPU: " in report and "Largest overhead:" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| conv2d |", "| conv2d_backward |",
+                                                                     "| conv_transpose2d |"))]
+    assert len(rows) == 6  # three ops, specialized and generic
+    for row in rows:
+        through_op, c_only = (float(c) for c in row.strip("|").split("|")[2:4])
+        assert through_op > 0 and c_only > 0
+    torch_rows = [line for line in report.splitlines() if line.startswith(("| contiguous |", "| channels_last |"))]
+    assert len(torch_rows) == 4 and all(row.rstrip().endswith(("(met) |", "(not met) |")) for row in torch_rows)
