@@ -531,12 +531,14 @@ def test_threads_asking_for_one_new_module_build_it_once(private_cache):
 
 
 # --------------------------------------------------------------------------------- info and clear
-def test_cache_info_and_clear(private_cache):
+def test_cache_info_and_clear(private_cache, fresh_environments):
     assert convgen.cache_info() == {"dir": str(private_cache), "modules": 0, "bytes": 0}
     seeded = [seed(SPEC, private_cache)[0], seed(ConvSpec(None, "float64", "NCHW"), private_cache)[0]]
     seed_core(SPEC, private_cache)  # core objects are not modules, and are cleared too
     (private_cache / f"{cache.MODULE_PREFIX}stale.x.build").mkdir()  # left by a killed build
-    # the runtime's render keeps the templates compiled in the cache directory
+    # the runtime's render keeps the templates it compiles in the cache directory (in a process that
+    # has compiled none yet: the renders above compiled them in this one)
+    fresh_environments()
     render.render(SPEC, kernels.settings().schedule(), split=True, compiled_templates=cache.compiled_templates_dir())
     assert any(cache.compiled_templates_dir().iterdir())
     info = convgen.cache_info()
@@ -581,6 +583,21 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
     fresh_environments()
     again = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
     assert "/* edited */" in again.source and "/* edited */" not in fresh.source
+
+
+def test_a_process_that_moves_to_another_cache_keeps_its_compiled_templates(tmp_path, monkeypatch,
+                                                                          fresh_environments):
+    spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
+    schedule = kernels.settings().schedule()
+    first = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "one")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a template this process compiled was compiled again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(render.jinja2.Environment, "compile", refuse)
+        assert render.render(spec, schedule, split=True, compiled_templates=tmp_path / "other") == first
+        assert render.render(spec, schedule, split=True) == first
 
 
 def test_compiled_templates_others_could_have_written_are_not_loaded(private_cache, monkeypatch, fresh_environments):

@@ -98,7 +98,9 @@ class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
 
 
 @functools.lru_cache(maxsize=4)
-def _environment(directory: Path, compiled: Path | None = None) -> jinja2.Environment:
+def _environment(directory: Path) -> jinja2.Environment:
+    """The Jinja environment of a template directory: it keeps the templates it compiled for the
+    process, whatever cache directory their compiled copies are kept in (see `_compiled_in`)."""
     if not directory.is_dir():
         if directory == TEMPLATE_DIR:
             raise FileNotFoundError(f"convgen templates not found at {TEMPLATE_DIR}: this installation of convgen is "
@@ -111,8 +113,12 @@ def _environment(directory: Path, compiled: Path | None = None) -> jinja2.Enviro
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
-        bytecode_cache=None if compiled is None else _CompiledTemplates(str(compiled)),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_in(directory: Path | None) -> _CompiledTemplates | None:
+    return None if directory is None else _CompiledTemplates(str(directory))
 
 
 def _winograd_context(spec: ConvSpec) -> dict:
@@ -241,7 +247,10 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     """
     ops = abi.as_ops(ops)
     schedule = schedule.for_family(spec.family)
-    environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR, compiled_templates)
+    environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
+    # Consulted only for templates the environment has not compiled in this process: a process that
+    # moves to another cache directory keeps the templates it compiled, not compiling them again.
+    environment.bytecode_cache = _compiled_in(None if compiled_templates is None else Path(compiled_templates))
     template = environment.get_template(f"{spec.family}/module.c.j2")
     core = None
     if split and splits(spec):
