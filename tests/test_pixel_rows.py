@@ -31,7 +31,8 @@ from helpers import assert_close, seeded_rng, to_layout
 
 LAYOUTS = ("NHWC", "NCHW")
 # The pixel rows on every layer, however few its channels or large its NCHW images.
-NATIVE = dict(pixel_rows_min_work=1, pixel_rows_dx_vector_share=64, pixel_rows_nchw_max_pixels=10**9)
+NATIVE = dict(pixel_rows_min_work=1, pixel_rows_dx_vector_share=64, pixel_rows_nchw_max_pixels=10**9,
+              pixel_rows_nchw_dw_all_windows=True)
 
 # (n, c, h, w, f, window, groups): every op of each runs specialized and generic, float32 and float64.
 CASES = [
@@ -354,3 +355,29 @@ def test_the_modules_carry_the_pixel_rows():
             assert name in direct
         winograd = render(ConvSpec(Window((3, 3), 1, 1), "float32", layout, family="winograd", tile=4), schedule).source
         assert "return rows_backward_weight(g," in winograd
+
+
+@pytest.mark.parametrize("window, size, moves", [
+    (Window((1, 1), 1, 0), 11, True), (Window((3, 3), 2, 1), 11, True), (Window((3, 3), 1, 1), 11, False),
+    (Window((1, 1), 2, 0), 8, False)], ids=["1x1", "3x3s2", "3x3s1", "1x1s2-4x4-outputs"])
+def test_nchw_weight_gradient_of_1x1_and_strided_windows_can_keep_the_phase_planes(window, size, moves):
+    """pixel_rows_nchw_dw_all_windows=False (AVX2's default) moves the NCHW weight gradient of 1x1
+    and strided windows to the phase planes (the workspace it asks for changes to theirs), but leaves
+    stride-1 windows of several taps and outputs of fewer than 32 pixels on the pixel rows (the same
+    workspace); the reference's results either way."""
+    from convgen.frontend import ops
+
+    case = (2, 16, size + 1, size, 32, window, 1)
+    rng = seeded_rng("nchw dw routing", window.short())
+    x, weight, _ = _arrays(rng, case, "float64", "NCHW")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case)).shape)
+    _, dw_expected, _ = reference.conv2d_backward(dy, x, weight, **_kwargs(case))
+    workspace = {}
+    for all_windows in (True, False):
+        with convgen.configure(pixel_rows_nchw_dw_all_windows=all_windows):
+            _, call = ops._prepare("conv2d_backward", (dy, x, weight), False, "direct", window.stride,
+                                   window.padding, 1, 1, "NCHW", padding_mode="zeros")
+            workspace[all_windows] = call.kernels().workspace_bytes("bwd_weight", call.problem, 2)
+            _, dw, _ = convgen.conv2d_backward(dy, x, weight, specialize=False, algorithm="direct", **_kwargs(case))
+            assert_close(dw, dw_expected, "float64", f"all_windows={all_windows}")
+    assert (workspace[True] != workspace[False]) == moves

@@ -98,6 +98,15 @@ class Schedule:
     pixel_rows_min_work: int = 128
     pixel_rows_dx_vector_share: int = 2
     pixel_rows_nchw_max_pixels: int = 800
+    # NCHW dW takes the pixel rows (on layers its own rules admit) for every window, or with False only
+    # for stride-1 windows of more than one tap and outputs of fewer than 32 pixels: their
+    # channels-last copies of x and dy cost the most per multiply-add for 1x1 and strided windows.
+    # Measured on AVX2 (AMD EPYC Zen 1, 2 threads, float32, batch 8), phase planes against pixel rows:
+    # 1x1 1.28-2.25x (MobileNetV2's 16 -> 96 at 56x56, ResNet's 256 -> 256 at 14x14 1.43x, 128 -> 256
+    # at stride 2 1.39-1.63x), 3x3 stride 2 0.97-1.44x; but 3x3 stride 1 0.86-1.06x and 4x4 outputs
+    # 0.72-0.98x, which keep the rows. (On AVX-512 the rows measured 1.12-1.39x on 1x1 and stride-2
+    # layers too: see templates/direct/rows/plan.c.j2.)
+    pixel_rows_nchw_dw_all_windows: bool = True
 
     def for_family(self, family: str) -> "Schedule":
         """The schedule a module of `family` is generated with: Winograd's own micro-tile, if it has one."""
@@ -136,7 +145,7 @@ _TABLE = {
                    winograd_mr=8, winograd_nr_vectors=2,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
-                 dot_columns=3, arch_flags=("-mavx2", "-mfma")),
+                 dot_columns=3, pixel_rows_nchw_dw_all_windows=False, arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
 
@@ -212,6 +221,9 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
     if (schedule.winograd_mr == 0) != (schedule.winograd_nr_vectors == 0):
         raise ValueError(f"schedule winograd_mr and winograd_nr_vectors are both 0 (the direct micro-tile) or both "
                          f"set, got {schedule.winograd_mr} and {schedule.winograd_nr_vectors}")
+    if not isinstance(schedule.pixel_rows_nchw_dw_all_windows, bool):
+        raise ValueError(f"schedule pixel_rows_nchw_dw_all_windows must be True or False, "
+                         f"got {schedule.pixel_rows_nchw_dw_all_windows!r}")
     stream = schedule.depthwise_stream_bytes
     if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
         raise ValueError(f"schedule depthwise_stream_bytes must be an int >= 0 (0: the last-level cache), "
