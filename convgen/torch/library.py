@@ -431,8 +431,9 @@ class LaidOut:
 
 
 def forget_laid_out_weights() -> None:
-    """Drop every weight layout (and weight copy in a layout's order) kept for eager calls (`LaidOut`, `Bound._weight`): the next calls lay them out afresh.
-    For programs that write weights where PyTorch's version counter does not see it (`.data`, NumPy)."""
+    """Drop every weight layout kept for eager calls (`LaidOut`), and every copy of weights in a
+    layout's order (`Bound._weight`): the next calls make them afresh. For programs that write
+    weights where PyTorch's version counter does not see it (`.data`, NumPy)."""
     for bound in list(_BOUND.values()):
         bound.forward_weights.states.clear()
         bound.input_gradient_weights.states.clear()
