@@ -199,7 +199,7 @@ class FusedConv2d(nn.Module):
             y = y + residual
         return y
 
-    def _bind(self, key, x) -> "_Bound":
+    def _bind(self, key, x, threads: int) -> "_Bound":
         """Plan the call for x's signature (`key`) and lay the weights out for it, once."""
         last = channels_last(_KIND, x)
         x_layout = _in_layout(_KIND, x, last)
@@ -211,7 +211,7 @@ class FusedConv2d(nn.Module):
                                    padding_mode=self.padding_mode, epilogue=self.epilogue)
         laid_out = None
         if not call.empty:
-            laid_out = call.kernels().prepare_weights("fwd", call.problem, w_array, torch.get_num_threads())
+            laid_out = call.kernels().prepare_weights("fwd", call.problem, w_array, threads)
         if len(self._bound) >= 16:
             self._bound.clear()
         bound = self._bound[key] = _Bound(call, last, x_layout.data_ptr() == x.data_ptr(), w_array, laid_out, bias)
@@ -219,8 +219,9 @@ class FusedConv2d(nn.Module):
 
     def _convgen(self, x, weight, residual):
         # The key holds x's strides: an x of the same strides is in the same layout, dense or not.
-        key = (x.shape, x.stride(), x.dtype, settings(), torch.get_num_threads(), weight._version)
-        bound = self._bound.get(key) or self._bind(key, x)
+        threads = torch.get_num_threads()
+        key = (x.shape, x.stride(), x.dtype, settings(), threads, weight._version)
+        bound = self._bound.get(key) or self._bind(key, x, threads)
         y = self._output(bound, x.dtype)
         r = None
         if residual is not None:
@@ -236,7 +237,7 @@ class FusedConv2d(nn.Module):
             xa = x if bound.dense else _in_layout(_KIND, x, bound.last)
             bound.kernels.call_addresses("fwd", bound.problem, (xa.data_ptr(), *bound.weight_addresses,
                                                                 0 if r is None else r.data_ptr(), y.data_ptr()),
-                                         torch.get_num_threads())
+                                         threads)
         if y.numel() * y.element_size() >= KEPT_OUTPUT_BYTES:
             self._kept[0] = y
         return y
@@ -268,8 +269,8 @@ class _Bound:
         self.call, self.problem, self.last, self.dense, self.bias = call, call.problem, last, dense, bias
         self.kernels = None if call.empty else call.kernels()
         self.memory_format = torch.channels_last if last else torch.contiguous_format
-        problem = call.problem
-        self.output_shape = torch.Size((problem.n, problem.f, problem.ho, problem.wo))  # logical, any layout
+        p = self.problem
+        self.output_shape = torch.Size((p.n, p.f, p.ho, p.wo))  # logical, in either layout
         self.arrays = (weight, laid_out, bias)
         self.weight_addresses = tuple(0 if a is None else a.ctypes.data for a in self.arrays)
 
