@@ -53,9 +53,9 @@ kw = dict(stride=window.stride, padding=window.padding, layout=layout, algorithm
 start = time.perf_counter()
 from convgen.codegen.render import render
 from convgen.planning.spec import ConvSpec
-from convgen.runtime.cache import compiled_templates_dir
+from convgen.runtime.cache import compiled_templates
 render(ConvSpec(None, "float32", layout), convgen.runtime.kernels.settings().schedule(),
-       compiled_templates=compiled_templates_dir())  # as the runtime renders
+       compiled_templates=compiled_templates())  # as the runtime renders
 once = time.perf_counter() - start
 if mode == "cached":
     start = time.perf_counter()

@@ -539,7 +539,7 @@ def test_cache_info_and_clear(private_cache, fresh_environments):
     # the runtime's render keeps the templates it compiles in the cache directory (in a process that
     # has compiled none yet: the renders above compiled them in this one)
     fresh_environments()
-    render.render(SPEC, kernels.settings().schedule(), split=True, compiled_templates=cache.compiled_templates_dir())
+    render.render(SPEC, kernels.settings().schedule(), split=True, compiled_templates=cache.compiled_templates())
     assert any(cache.compiled_templates_dir().iterdir())
     info = convgen.cache_info()
     assert info == {"dir": str(private_cache), "modules": 2, "bytes": sum(p.stat().st_size for p in seeded)}
@@ -565,10 +565,11 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
     spec = ConvSpec(Window(3, 1, 1), "float32", "NHWC", "winograd", 4)
     schedule = kernels.settings().schedule()
     compiled = cache.compiled_templates_dir()
+    store = cache.compiled_templates(compiled)
     edited = tmp_path / "templates"
     shutil.copytree(render.TEMPLATE_DIR, edited)
-    fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
-    edited_fresh = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
+    fresh = render.render(spec, schedule, split=True, compiled_templates=store)
+    edited_fresh = render.render(spec, schedule, templates=edited, split=True, compiled_templates=store)
     assert edited_fresh == fresh and len(list(compiled.iterdir())) >= 20
     fresh_environments()  # as a new process would start
 
@@ -577,11 +578,11 @@ def test_a_process_loads_the_templates_the_last_compiled(private_cache, tmp_path
 
     with monkeypatch.context() as patch:
         patch.setattr(render.jinja2.Environment, "compile", refuse)
-        assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
+        assert render.render(spec, schedule, split=True, compiled_templates=store) == fresh
     transforms = edited / "winograd" / "transforms.c.j2"
     transforms.write_text(transforms.read_text() + "/* edited */\n")
     fresh_environments()
-    again = render.render(spec, schedule, templates=edited, split=True, compiled_templates=compiled)
+    again = render.render(spec, schedule, templates=edited, split=True, compiled_templates=store)
     assert "/* edited */" in again.source and "/* edited */" not in fresh.source
 
 
@@ -589,14 +590,14 @@ def test_a_process_that_moves_to_another_cache_keeps_its_compiled_templates(tmp_
                                                                           fresh_environments):
     spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
     schedule = kernels.settings().schedule()
-    first = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "one")
+    first = render.render(spec, schedule, split=True, compiled_templates=cache.compiled_templates(tmp_path / "one"))
 
     def refuse(*args, **kwargs):
         raise AssertionError("a template this process compiled was compiled again")
 
     with monkeypatch.context() as patch:
         patch.setattr(render.jinja2.Environment, "compile", refuse)
-        assert render.render(spec, schedule, split=True, compiled_templates=tmp_path / "other") == first
+        assert render.render(spec, schedule, split=True, compiled_templates=cache.compiled_templates(tmp_path / "other")) == first
         assert render.render(spec, schedule, split=True) == first
 
 
@@ -606,7 +607,8 @@ def test_compiled_templates_others_could_have_written_are_not_loaded(private_cac
     spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
     schedule = kernels.settings().schedule()
     compiled = cache.compiled_templates_dir()
-    fresh = render.render(spec, schedule, split=True, compiled_templates=compiled)
+    store = cache.compiled_templates(compiled)
+    fresh = render.render(spec, schedule, split=True, compiled_templates=store)
     files = list(compiled.iterdir())
     assert files
     for path in files:
@@ -616,7 +618,7 @@ def test_compiled_templates_others_could_have_written_are_not_loaded(private_cac
     original = render.jinja2.Environment.compile
     monkeypatch.setattr(render.jinja2.Environment, "compile",
                         lambda self, *args, **kwargs: compiles.append(1) or original(self, *args, **kwargs))
-    assert render.render(spec, schedule, split=True, compiled_templates=compiled) == fresh
+    assert render.render(spec, schedule, split=True, compiled_templates=store) == fresh
     assert len(compiles) == len(files)
 
 
@@ -625,7 +627,7 @@ def test_templates_render_where_their_compiled_copies_cannot_be_kept(tmp_path, f
     (tmp_path / "file").write_text("")
     spec = ConvSpec(Window(3, 1, 1), "float32", "NCHW")
     schedule = kernels.settings().schedule()
-    kept = render.render(spec, schedule, split=True, compiled_templates=tmp_path / "file" / "below")
+    kept = render.render(spec, schedule, split=True, compiled_templates=cache.compiled_templates(tmp_path / "file" / "below"))
     assert kept == render.render(spec, schedule, split=True)
 
 

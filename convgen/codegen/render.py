@@ -74,33 +74,10 @@ class Rendered:
     core: str | None = None
 
 
-class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
-    """The templates compiled to Python, kept on disk between processes: a process's first render
-    then loads them (about 0.03 s) instead of parsing and compiling them (about 0.35 s). Jinja keys
-    each on the template's name and path and checks its source's digest before use, so an edited
-    template is compiled afresh. As with the kernel modules, only this user's own files that nobody
-    else may write are loaded. A cache, nothing more: what cannot be read or written is skipped."""
-
-    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        try:
-            info = os.stat(self._get_cache_filename(bucket))
-            if info.st_uid == os.getuid() and not info.st_mode & 0o022:
-                super().load_bytecode(bucket)
-        except (OSError, ValueError, EOFError):
-            bucket.reset()
-
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            super().dump_bytecode(bucket)
-        except OSError:
-            pass
-
-
 @functools.lru_cache(maxsize=4)
 def _environment(directory: Path) -> jinja2.Environment:
     """The Jinja environment of a template directory: it keeps the templates it compiled for the
-    process, whatever cache directory their compiled copies are kept in (see `_compiled_in`)."""
+    process, whatever cache its compiled copies are kept in (see `render`)."""
     if not directory.is_dir():
         if directory == TEMPLATE_DIR:
             raise FileNotFoundError(f"convgen templates not found at {TEMPLATE_DIR}: this installation of convgen is "
@@ -114,11 +91,6 @@ def _environment(directory: Path) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-
-
-@functools.lru_cache(maxsize=8)
-def _compiled_in(directory: Path | None) -> _CompiledTemplates | None:
-    return None if directory is None else _CompiledTemplates(str(directory))
 
 
 def _winograd_context(spec: ConvSpec) -> dict:
@@ -234,7 +206,7 @@ def splits(spec: ConvSpec) -> bool:
 
 
 def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: bool = False,
-           compiled_templates: Path | None = None) -> Rendered:
+           compiled_templates: jinja2.BytecodeCache | None = None) -> Rendered:
     """Render the module source of `spec` under `schedule`, with its cdef and symbols.
 
     `ops`: the ops whose entry points the module carries ("fwd", "bwd_data", "bwd_weight"; default
@@ -243,15 +215,16 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     edited copy, say) instead of convgen's own. `split`: render a spec that `splits` as a window
     module and the core it links (`Rendered.core`), as the runtime builds it; by default one
     self-contained source, as `convgen show`, `generate` and `export` write it. `compiled_templates`:
-    a private directory that keeps the templates compiled between processes (the runtime passes one
-    in its kernel cache), which saves a process's first render most of its time.
+    a Jinja bytecode cache that keeps the templates compiled between processes (the runtime passes
+    `convgen.runtime.cache.compiled_templates()`, kept in its kernel cache), which saves a process's
+    first render most of its time.
     """
     ops = abi.as_ops(ops)
     schedule = schedule.for_family(spec.family)
     environment = _environment(Path(templates) if templates is not None else TEMPLATE_DIR)
     # Consulted only for templates the environment has not compiled in this process: a process that
     # moves to another cache directory keeps the templates it compiled, not compiling them again.
-    environment.bytecode_cache = _compiled_in(None if compiled_templates is None else Path(compiled_templates))
+    environment.bytecode_cache = compiled_templates
     template = environment.get_template(f"{spec.family}/module.c.j2")
     core = None
     if split and splits(spec):

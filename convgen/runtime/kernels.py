@@ -25,7 +25,7 @@ from ..codegen import abi
 from .._version import __version__
 from .build import (Toolchain, build_core_object, build_interface_object, build_module, default_toolchain,
                     interface_cflags, interface_module_name, python_abi)
-from .cache import INTERFACE_PREFIX, compiled_templates_dir, core_object, load_if_cached, load_or_build, module_key
+from .cache import INTERFACE_PREFIX, compiled_templates, core_object, load_if_cached, load_or_build, module_key
 from ..planning.problem import Problem
 from ..codegen.render import Rendered, render
 from ..planning.schedule import Schedule, get_schedule
@@ -90,7 +90,7 @@ class Kernels:
 
     def _render(self, ops=None) -> Rendered:
         return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops, split=True,
-                      compiled_templates=compiled_templates_dir())
+                      compiled_templates=compiled_templates())
 
     def _render_whole(self) -> Rendered:
         if self._whole is None:
