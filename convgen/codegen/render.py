@@ -100,6 +100,15 @@ def _winograd_context(spec: ConvSpec) -> dict:
             "combine": winograd.linear_combination}
 
 
+def dx_is_forward(spec: ConvSpec) -> bool:
+    """Whether the input gradient of `spec`'s module runs its forward kernels over dy with the weights
+    turned round (templates/direct/backward_data.c.j2): specialized direct NCHW windows of one tap,
+    stride 1 and no padding, where dx = W^T dy is a forward pass with c and f swapped."""
+    w = spec.window
+    return (spec.family == "direct" and spec.specialized and spec.layout == "NCHW" and not spec.epilogue.active
+            and w.kernel == (1, 1) and w.stride == (1, 1) and w.padding == ((0, 0), (0, 0)))
+
+
 def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "whole") -> dict:
     """Everything the templates see. Values reaching the C source are validated ints or fixed names.
 
@@ -112,9 +121,14 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
     signatures = abi.signatures(spec)
     if part == "core":
         signatures = {name: "static " + declarator for name, declarator in signatures.items()}
+    ops = abi.as_ops(ops)
+    dx_forward = dx_is_forward(spec)
+    if dx_forward and "bwd_data" in ops:
+        ops = abi.as_ops(ops + ("fwd",))  # the input gradient runs the forward kernels (not exported)
     context = {
         "part": part,
-        "ops": abi.as_ops(ops),
+        "ops": ops,
+        "DX_FORWARD": dx_forward,
         "version": __version__,
         "specialized": spec.specialized,
         "spec_text": str(spec),
