@@ -399,3 +399,30 @@ def test_input_gradient_rounding_does_not_grow_with_the_filters(layout):
                                      specialize=specialize)[0]
         error = np.linalg.norm(dx - want) / np.linalg.norm(want)
         assert error <= 3.5e-7, (specialize, error)
+
+
+@pytest.mark.parametrize("groups, size, moves", [(3, 9, True), (1, 9, False), (3, 7, False)],
+                         ids=["grouped", "ungrouped", "grouped-small-image"])
+def test_nhwc_input_gradient_of_few_channels_per_group_can_take_the_pixel_rows(groups, size, moves):
+    """pixel_rows_nhwc_dx_grouped_pixels (AVX2's default 1024) moves the NHWC input gradient of a
+    grouped convolution over images of at least that many pixels to the pixel rows, whatever few
+    channels its groups have (the workspace it asks for changes to theirs), but not an ungrouped one
+    or a smaller image; the reference's dx either way."""
+    from convgen.frontend import ops
+
+    rng = seeded_rng("nhwc grouped dx routing", groups, size)
+    c = 2 * groups  # (two channels a group: less than a float32 vector on every ISA; share 1 below)
+    x, weight = (a.astype(np.float32) for a in to_layout(rng.standard_normal((2, c, size, size)),
+                                                          rng.standard_normal((6, 2, 3, 3)), "NHWC"))
+    dy = rng.standard_normal(reference.conv2d(x, weight, padding=1, groups=groups, layout="NHWC").shape)
+    dy = dy.astype(np.float32)
+    dx_expected = reference.conv2d_backward(dy, x, weight, padding=1, groups=groups, layout="NHWC")[0]
+    workspace = {}
+    for pixels in (0, 64):
+        with convgen.configure(pixel_rows_nhwc_dx_grouped_pixels=pixels, pixel_rows_dx_vector_share=1):
+            _, call = ops._prepare("conv2d_backward", (dy, x, weight), True, "direct", 1, 1, 1, groups, "NHWC",
+                                   padding_mode="zeros")
+            workspace[pixels] = call.kernels().workspace_bytes("bwd_data", call.problem, 2)
+            dx = convgen.conv2d_backward(dy, x, weight, padding=1, groups=groups, layout="NHWC", algorithm="direct")[0]
+            assert_close(dx, dx_expected, "float32", f"pixels={pixels}")
+    assert (workspace[0] != workspace[64]) == moves

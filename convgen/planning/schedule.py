@@ -107,6 +107,13 @@ class Schedule:
     # 0.72-0.98x, which keep the rows. (On AVX-512 the rows measured 1.12-1.39x on 1x1 and stride-2
     # layers too: see templates/direct/rows/plan.c.j2.)
     pixel_rows_nchw_dw_all_windows: bool = True
+    # The NHWC input gradient of a grouped convolution over images of at least this many pixels takes
+    # the pixel rows however few channels its groups have (0: only by pixel_rows_dx_vector_share):
+    # the phase planes scatter each group's few channels value by value. Measured on AVX2 (AMD EPYC
+    # Zen 1, 2 threads, float32, batch 8, 3x3 and 5x5), the backward pass with the rows against the
+    # planes: 2 and 3 channels per group at 56x56 and 112x112 1.36-2.45x, at 28x28 1.0-1.24x, at 14x14
+    # 0.67x (and ungrouped layers of 2-3 channels 0.62-0.79x, which keep the planes).
+    pixel_rows_nhwc_dx_grouped_pixels: int = 0
 
     def for_family(self, family: str) -> "Schedule":
         """The schedule a module of `family` is generated with: Winograd's own micro-tile, if it has one."""
@@ -145,7 +152,8 @@ _TABLE = {
                    winograd_mr=8, winograd_nr_vectors=2,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
-                 dot_columns=3, pixel_rows_nchw_dw_all_windows=False, arch_flags=("-mavx2", "-mfma")),
+                 dot_columns=3, pixel_rows_nchw_dw_all_windows=False, pixel_rows_nhwc_dx_grouped_pixels=1024,
+                 arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
 
@@ -221,6 +229,9 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
     if (schedule.winograd_mr == 0) != (schedule.winograd_nr_vectors == 0):
         raise ValueError(f"schedule winograd_mr and winograd_nr_vectors are both 0 (the direct micro-tile) or both "
                          f"set, got {schedule.winograd_mr} and {schedule.winograd_nr_vectors}")
+    grouped = schedule.pixel_rows_nhwc_dx_grouped_pixels
+    if not isinstance(grouped, int) or isinstance(grouped, bool) or grouped < 0:
+        raise ValueError(f"schedule pixel_rows_nhwc_dx_grouped_pixels must be an int >= 0 (0: never), got {grouped!r}")
     if not isinstance(schedule.pixel_rows_nchw_dw_all_windows, bool):
         raise ValueError(f"schedule pixel_rows_nchw_dw_all_windows must be True or False, "
                          f"got {schedule.pixel_rows_nchw_dw_all_windows!r}")
