@@ -55,6 +55,7 @@ CASES = [
     (4, 32, 14, 14, 48, Window((3, 3), 1, 1), 1),        # a block of 96 output pixels and more
     (1, 6, 17, 17, 64, Window((3, 3), 1, 1), 1),         # NHWC dW in place: boxes of output rows
     (2, 40, 7, 6, 12, Window((3, 3), 1, 1), 1),          # NHWC dW in place, channels in the lanes
+    (3, 20, 5, 7, 48, Window((1, 1), 1, 0), 2),          # NHWC 1x1 forward: runs of whole tiles, then the last pixels
 ]
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
@@ -186,7 +187,7 @@ def test_adjoint_identities(case, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[13]], ids=_ids)
+@pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[13], CASES[18]], ids=_ids)
 def test_every_thread_count_gives_the_same_bits(case, layout, threads):
     """Each output of the pixel-row kernels is summed by one work item in a fixed order, and the weight
     gradient's split of the pixels into parts (few-row layers) depends on the sizes only: 1, 2 and 3
@@ -317,7 +318,7 @@ def test_forward_weights_packed_by_every_thread(layout, dtype, window, threads):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("path", [dict(ukernel="reference"), dict(isa="avx2"), dict(isa="portable")],
                          ids=["reference-microkernels", "avx2", "portable"])
-@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7], CASES[11]], ids=_ids)
+@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7], CASES[11], CASES[18]], ids=_ids)
 def test_other_schedules(case, path, layout):
     """The plain-loop micro-kernels, and the tile widths of the AVX2 and portable schedules (generic
     builds: one module each)."""
