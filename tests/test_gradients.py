@@ -296,36 +296,40 @@ def test_conv_transpose2d_grid_with_winograd(case, layout, dtype, winograd_every
     test_conv_transpose2d_backward_matches_reference(case, layout, dtype, True)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_input_gradient_of_a_1x1_nchw_window_is_the_forward_pass_over_dy(dtype):
-    """NCHW, 1x1, stride 1, no padding: the specialized input gradient runs the forward kernels over dy
-    with c and f swapped and the weights turned round (templates/direct/backward_data.c.j2). Its
-    workspace is theirs plus the turned weights; conv2d_backward, conv_transpose2d and its prepared
-    form (the weights laid out once, by `prepare`) give the oracle's dx, with groups and partial tiles,
-    on small images (the pixel rows) and large ones (the phase planes), and weights holding inf."""
+def test_input_gradient_of_a_1x1_window_is_the_forward_pass_over_dy(dtype, layout):
+    """1x1, stride 1, no padding: the specialized input gradient runs the forward kernels over dy with
+    c and f swapped and the weights turned round (templates/direct/backward_data.c.j2). Its workspace
+    is theirs plus the turned weights; conv2d_backward, conv_transpose2d and its prepared form (the
+    weights laid out once, by `prepare`) give the oracle's dx, with groups and partial tiles, on small
+    images (NCHW: the pixel rows) and large ones (NCHW: the phase planes; NHWC: runs of whole pixel
+    tiles and the last few pixels), and weights holding inf."""
     from convgen.frontend import ops
 
     itemsize = np.dtype(dtype).itemsize
     for n, c, h, w, f, groups in [(2, 6, 5, 7, 10, 2), (3, 18, 37, 31, 40, 1)]:
         rng = seeded_rng("dx as forward", dtype, c)
-        x = rng.standard_normal((n, c, h, w)).astype(dtype)
-        weight = rng.standard_normal((f, c // groups, 1, 1)).astype(dtype)
-        dy = rng.standard_normal((n, f, h, w)).astype(dtype)
-        _, call = ops._prepare("conv2d_backward", (dy, x, weight), True, "direct", 1, 0, 1, groups, "NCHW")
-        turned = conv_problem(dy.shape, (c, f // groups, 1, 1), np.dtype(dtype), 1, 0, 1, groups, "NCHW")
+        x, weight = to_layout(rng.standard_normal((n, c, h, w)), rng.standard_normal((f, c // groups, 1, 1)), layout)
+        dy, turned_weight = to_layout(rng.standard_normal((n, f, h, w)), np.zeros((c, f // groups, 1, 1)), layout)
+        x, weight, dy = x.astype(dtype), weight.astype(dtype), dy.astype(dtype)
+        kw = dict(groups=groups, layout=layout)
+        _, call = ops._prepare("conv2d_backward", (dy, x, weight), True, "direct", 1, 0, 1, groups, layout)
+        turned = conv_problem(dy.shape, turned_weight.shape, np.dtype(dtype), 1, 0, 1, groups, layout)
         kernels = call.kernels()
         assert (kernels.workspace_bytes("bwd_data", call.problem, 2)
                 == kernels.workspace_bytes("fwd", turned, 2) + c * (f // groups) * itemsize)
         assert kernels.threads("bwd_data", call.problem, 2) == kernels.threads("fwd", turned, 2)
-        want = reference.conv2d_backward(dy, x, weight, groups=groups)[0]
-        got = convgen.conv2d_backward(dy, x, weight, groups=groups)[0]
+        want = reference.conv2d_backward(dy, x, weight, **kw)[0]
+        got = convgen.conv2d_backward(dy, x, weight, **kw)[0]
         assert_close(got, want, dtype, "dx")
-        assert_close(convgen.conv_transpose2d(dy, weight, groups=groups), want, dtype, "conv_transpose2d")
-        prepared = convgen.prepare_conv_transpose2d(weight, input_shape=dy.shape, groups=groups)
+        assert_close(convgen.conv_transpose2d(dy, weight, **kw), want, dtype, "conv_transpose2d")
+        prepared = convgen.prepare_conv_transpose2d(weight, input_shape=dy.shape, **kw)
         assert_close(prepared(dy), want, dtype, "prepared conv_transpose2d")
-        weight[1, 0, 0, 0] = np.inf  # every product is one of the gradient's: inf (or nan) exactly where it lies
-        want = reference.conv2d_backward(dy, x, weight, groups=groups)[0]
-        got = convgen.conv2d_backward(dy, x, weight, groups=groups)[0]
+        # every product is one of the gradient's: inf (or nan) exactly where it lies
+        weight[(1, 0, 0, 0) if layout == "NCHW" else (0, 0, 0, 1)] = np.inf
+        want = reference.conv2d_backward(dy, x, weight, **kw)[0]
+        got = convgen.conv2d_backward(dy, x, weight, **kw)[0]
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         finite = np.isfinite(want)

@@ -101,10 +101,10 @@ def _winograd_context(spec: ConvSpec) -> dict:
 
 def dx_is_forward(spec: ConvSpec) -> bool:
     """Whether the input gradient of `spec`'s module runs its forward kernels over dy with the weights
-    turned round (templates/direct/backward_data.c.j2): specialized direct NCHW windows of one tap,
-    stride 1 and no padding, where dx = W^T dy is a forward pass with c and f swapped."""
+    turned round (templates/direct/backward_data.c.j2): specialized direct windows of one tap, stride 1
+    and no padding, where dx = W^T dy is a forward pass with c and f swapped."""
     w = spec.window
-    return (spec.family == "direct" and spec.specialized and spec.layout == "NCHW" and not spec.epilogue.active
+    return (spec.family == "direct" and spec.specialized and not spec.epilogue.active
             and w.kernel == (1, 1) and w.stride == (1, 1) and w.padding == ((0, 0), (0, 0)))
 
 
