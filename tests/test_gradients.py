@@ -304,11 +304,12 @@ def test_input_gradient_of_a_1x1_window_is_the_forward_pass_over_dy(dtype, layou
     is theirs plus the turned weights; conv2d_backward, conv_transpose2d and its prepared form (the
     weights laid out once, by `prepare`) give the oracle's dx, with groups and partial tiles, on small
     images (NCHW: the pixel rows) and large ones (NCHW: the phase planes; NHWC: runs of whole pixel
-    tiles and the last few pixels), and weights holding inf."""
+    tiles and the last few pixels), sums over more filters than one block, and weights holding inf."""
     from convgen.frontend import ops
 
     itemsize = np.dtype(dtype).itemsize
-    for n, c, h, w, f, groups in [(2, 6, 5, 7, 10, 2), (3, 18, 37, 31, 40, 1)]:
+    # (136 and 128 filters: sums over the filters in blocks of 64, the last one partial or whole)
+    for n, c, h, w, f, groups in [(2, 6, 5, 7, 10, 2), (3, 18, 37, 31, 40, 1), (2, 16, 6, 5, 136, 1), (1, 8, 7, 7, 128, 1)]:
         rng = seeded_rng("dx as forward", dtype, c)
         x, weight = to_layout(rng.standard_normal((n, c, h, w)), rng.standard_normal((f, c // groups, 1, 1)), layout)
         dy, turned_weight = to_layout(rng.standard_normal((n, f, h, w)), np.zeros((c, f // groups, 1, 1)), layout)
