@@ -82,7 +82,11 @@ PLAN_CASES = dict(CASES, **{
 def test_specialized_and_generic_builds_plan_every_call_alike(name):
     """A specialized module's plans (blocks, work items, threads, memory) come from the core object,
     where they are compiled from the generic build, window values read at run time: the plans of
-    both builds are one, as their workspace, threads and prepared weights show for every op."""
+    both builds are one, as their workspace, threads and prepared weights show for every op. (The
+    specialized input gradient of a 1x1 window of stride 1 without padding is the forward pass over
+    dy with c and f swapped, render.dx_is_forward: its plans are the generic forward pass's of that
+    problem, with the turned weights in its workspace.)"""
+    from convgen.codegen.render import dx_is_forward
     from convgen.frontend import resolve
     from convgen.planning.spec import ConvSpec
     from convgen.runtime.kernels import get_kernels
@@ -95,8 +99,20 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
         problem = resolve.conv_problem(x_shape, w_shape, np.dtype(dtype), stride, padding, dilation, groups, layout,
                                        mode)
         specialized, generic = (get_kernels(ConvSpec(window, dtype, layout)) for window in (problem.window, None))
+        turned = None
+        if dx_is_forward(specialized.spec):
+            y_shape = (n, f, h, w) if layout == "NCHW" else (n, h, w, f)
+            turned_w = (c, f // groups, 1, 1) if layout == "NCHW" else (1, 1, f // groups, c)
+            turned = resolve.conv_problem(y_shape, turned_w, np.dtype(dtype), 1, 0, 1, groups, layout)
         for op in ("fwd", "bwd_data", "bwd_weight"):
             for threads in (1, 2, 7):
-                answers = [(k.workspace_bytes(op, problem, threads), k.threads(op, problem, threads),
-                            k.prepared_size(op, problem)) for k in (specialized, generic)]
-                assert answers[0] == answers[1], (op, threads, answers)
+                got = (specialized.workspace_bytes(op, problem, threads), specialized.threads(op, problem, threads),
+                       specialized.prepared_size(op, problem))
+                if op == "bwd_data" and turned is not None:
+                    expected = (generic.workspace_bytes("fwd", turned, threads)
+                                + c * (f // groups) * np.dtype(dtype).itemsize,
+                                generic.threads("fwd", turned, threads), generic.prepared_size("fwd", turned))
+                else:
+                    expected = (generic.workspace_bytes(op, problem, threads), generic.threads(op, problem, threads),
+                                generic.prepared_size(op, problem))
+                assert got == expected, (op, threads, got, expected)
