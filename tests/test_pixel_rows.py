@@ -9,7 +9,8 @@ channel counts that pick each tile width (1 to 4 vectors on AVX-512, 1 to 3 on A
 partial last tiles; windows inside the image (one pointer per pixel, and in NHWC one run per window
 row when DW = 1) and at its border (a pointer per tap, the padding's from a row of zeros or the pixel
 the padding mode copies; NCHW gathers border rows, or, forward with many taps, copies padded rows);
-strides whose phases have different numbers of taps, phases with no taps at all (stride > kernel)
+the NHWC 1x1 forward pass over runs of whole pixel tiles (x's pixels as the rows of one matrix) and
+its fused epilogue; strides whose phases have different numbers of taps, phases with no taps at all (stride > kernel)
 and dilations; groups; images smaller than the window; tiles cut by the end of a block; in the NCHW
 forward pass through padded rows, blocks read in place or not, and tiles across two images; the weight
 gradient split into parts of the pixels, and
@@ -427,3 +428,18 @@ def test_nhwc_input_gradient_of_few_channels_per_group_can_take_the_pixel_rows(g
             dx = convgen.conv2d_backward(dy, x, weight, padding=1, groups=groups, layout="NHWC", algorithm="direct")[0]
             assert_close(dx, dx_expected, "float32", f"pixels={pixels}")
     assert (workspace[0] != workspace[64]) == moves
+
+
+@pytest.mark.parametrize("residual_position", ["before", "after"])
+def test_nhwc_1x1_forward_runs_its_epilogue_over_whole_runs_and_the_last_pixels(residual_position):
+    """The NHWC 1x1 stride-1 forward pass (rows_gemm_run over a block's whole tiles, then a tile at a
+    time) applies a fused activation and residual to every output: whole and partial column tiles
+    (50 filters), whole pixel tiles and the last few pixels (35 per image), generic build."""
+    rng = seeded_rng("pixel rows linear epilogue", residual_position)
+    x, weight = to_layout(rng.standard_normal((3, 20, 5, 7)), rng.standard_normal((50, 20, 1, 1)), "NHWC")
+    bias, residual = rng.standard_normal(50), rng.standard_normal((3, 5, 7, 50))
+    y = reference.conv2d(x, weight, bias, layout="NHWC")
+    want = np.maximum(y + residual, 0) if residual_position == "before" else np.maximum(y, 0) + residual
+    got = convgen.conv2d(x, weight, bias, layout="NHWC", activation="relu", residual=residual,
+                         residual_position=residual_position, specialize=False, algorithm="direct")
+    assert_close(got, want, "float64", "y")
