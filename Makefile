@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 BENCH_INSTALLED := $(VENV)/.bench-installed
 BENCH_ARGS ?=
 
-.PHONY: all setup build generate compare test bench sanitize clean
+.PHONY: all setup build generate compare test bench sanitize tune clean
 
 all: build generate compare
 
@@ -30,6 +30,11 @@ compare: build
 	$(CONVGEN) compare k3s1p1 --shape 8,64,56,56,64 --repeat 5
 	$(CONVGEN) compare k7s2p3 --shape 8,3,224,224,64 --repeat 5
 	$(CONVGEN) compare k3s1p1 --shape 1,32,32,32,32 --repeat 5
+
+# Measure what algorithm="auto" may take on the benchmark networks' layers; the fastest become this
+# machine's wisdom (convgen wisdom show | forget).
+tune: build
+	$(CONVGEN) tune
 
 # One pytest-xdist worker per core: the tests compile their kernels up front or on first use, a module
 # of every op per window, the workers side by side (a module one worker is compiling, the other waits

@@ -13,6 +13,9 @@ os.environ.setdefault("CONVGEN_CACHE_DIR", str(CACHE))
 # in half to two thirds of the time of three modules of one op each. The tests of the per-op modules a
 # user's first calls build set modules="per-op" themselves.
 os.environ.setdefault("CONVGEN_MODULES", "whole")
+# No measured wisdom (`convgen tune`) steers "auto" in the tests: a path no test writes (the tests of
+# wisdom point CONVGEN_WISDOM at files of their own).
+os.environ["CONVGEN_WISDOM"] = str(CACHE / "no-wisdom" / "wisdom.json")
 
 import pytest  # noqa: E402
 

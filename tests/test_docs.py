@@ -120,6 +120,8 @@ def test_shell_examples_run(page, tmp_path):
             continue
         if words[1:2] == ["cache"]:
             env = dict(env, **scratch_cache)
+        if words[1:2] in (["tune"], ["wisdom"]):  # wisdom of its own, which no other test sees
+            env = dict(env, CONVGEN_WISDOM=str(tmp_path / "wisdom.json"))
         proc = convgen(words[1:], cwd=work, env=env)
         assert proc.returncode == 0, f"{page_id(page)} command {line!r} failed:\n{proc.stderr}"
         assert proc.stdout, f"{page_id(page)} command {line!r} printed nothing"

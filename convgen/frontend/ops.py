@@ -15,6 +15,7 @@ import numpy as np
 
 from ..planning import planner
 from .batching import accepts_unbatched
+from ..runtime import wisdom
 from ..runtime.kernels import Kernels, get_kernels, num_threads, settings
 from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, c_array, resolve, result_array, split_out
 from ..planning.epilogue import NO_EPILOGUE, Epilogue, as_epilogue
@@ -78,7 +79,8 @@ def _signature(op, arrays, params):
     """A hashable signature of a call whose arrays need no conversion, else None.
 
     Arrays must be exact, C-contiguous ndarrays of one native float dtype (what validation leaves
-    untouched). The active settings and thread count are part of it: the kernels depend on them.
+    untouched). The active settings, thread count and wisdom are part of it: the kernels and the plan
+    depend on them.
     """
     if type(arrays[0]) is not np.ndarray:
         return None
@@ -92,7 +94,7 @@ def _signature(op, arrays, params):
     try:
         return (op, dtype, tuple([None if a is None else a.shape for a in arrays]),
                 tuple([p if type(p) is int or type(p) is str else _key(p) for p in params]),
-                settings(), num_threads())
+                settings(), num_threads(), wisdom.generation())
     except TypeError:  # unhashable parameters: validation will say what is wrong with them
         return None
 
@@ -109,7 +111,10 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
     algorithm = planner.as_algorithm(algorithm)
     arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding, padding_mode,
                                epilogue)
-    call = _Call(resolved, planner.plan(resolved.problem, specialize, settings().schedule(), algorithm))
+    active = settings()
+    # "auto" takes what `convgen tune` measured fastest for the problem's class, where it did
+    measured = wisdom.lookup(op, resolved.problem, active) if algorithm == "auto" and specialize else None
+    call = _Call(resolved, planner.plan(resolved.problem, specialize, active.schedule(), algorithm, measured))
     if key is not None:
         if len(_CALLS) >= _CALLS_MAX:
             _CALLS.clear()
@@ -131,6 +136,22 @@ def prepare(op: str, arrays, *, specialize=True, algorithm="auto", stride=1, pad
     if any(a is not b for a, b in zip(checked, arrays)):
         raise ValueError(f"{op}: prepare() needs arrays the op takes as they are (C-contiguous, one float dtype)")
     return call
+
+
+def runner(op: str, arrays, measured, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW"):
+    """A function of no arguments that runs `op` on `arrays` with the specialized plan of the
+    `measured` choice (convgen.runtime.wisdom.Choice): what `convgen tune` times. ValueError where
+    the choice cannot compute the call."""
+    arrays, resolved = resolve(op, tuple(arrays), stride, padding, dilation, groups, layout)
+    plan = planner.plan(resolved.problem, True, settings().schedule(), "auto", measured)
+    if plan.family != measured.algorithm or (plan.family == "winograd" and plan.spec.tile != measured.tile):
+        raise ValueError(f"{measured.text()} cannot compute this {op} call")
+    call = _Call(resolved, plan)
+    if resolved.backward:
+        dy, x, w = arrays
+        return lambda: _backward(call, dy, x, w, None)
+    x, w, bias = arrays
+    return lambda: _forward(call, x, w, bias, None)
 
 
 def _forward(call: _Call, x, w, bias, out, residual=None):

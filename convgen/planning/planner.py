@@ -81,9 +81,18 @@ def winograd_tile(dtype: str, schedule: Schedule) -> int:
     return max(candidates)
 
 
-def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str = "auto") -> Plan:
-    """The plan for `problem`: its family, specialized for its window or generic, under `schedule`."""
+def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str = "auto",
+         measured=None) -> Plan:
+    """The plan for `problem`: its family, specialized for its window or generic, under `schedule`.
+
+    `measured`, for "auto": the algorithm (and Winograd tile) measured fastest for the problem's
+    class on this machine (convgen.runtime.wisdom.Choice), taken where it can compute the problem
+    and Winograd's tile is within its accuracy bound, else the rule below decides."""
     algorithm = as_algorithm(algorithm)
+    if algorithm == "auto" and specialize and measured is not None:
+        chosen = _measured_plan(problem, schedule, measured)
+        if chosen is not None:
+            return chosen
     window = problem.window if specialize else None
     # A specialized module is generated for the epilogue's kind; the generic one takes it at run time.
     epilogue = problem.epilogue if specialize else NO_EPILOGUE
@@ -111,4 +120,31 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
     return Plan(spec, schedule)
 
 
-__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "depthwise_refusal", "winograd_refusal", "winograd_tile"]
+def _measured_plan(problem: Problem, schedule: Schedule, measured) -> Plan | None:
+    """The specialized plan of the measured choice, or None where it does not apply to `problem`."""
+    epilogue = problem.epilogue
+    if measured.algorithm == "direct":
+        return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, epilogue=epilogue), schedule)
+    if measured.algorithm == "depthwise" and depthwise_refusal(problem) is None:
+        return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, "depthwise", epilogue=epilogue), schedule)
+    if (measured.algorithm == "winograd" and winograd_refusal(problem, schedule) is None
+            and measured.tile in winograd.TILES and winograd.within_bound(measured.tile, problem.dtype)):
+        return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, "winograd", measured.tile, epilogue),
+                    schedule)
+    return None
+
+
+def candidates(problem: Problem, schedule: Schedule) -> list:
+    """Every (algorithm, Winograd tile or None) that `auto` may take for `problem`, specialized:
+    direct; depthwise where it computes the problem; Winograd at each tile within its accuracy
+    bound where it computes the problem. What `convgen tune` measures."""
+    found = [("direct", None)]
+    if depthwise_refusal(problem) is None:
+        found.append(("depthwise", None))
+    if winograd_refusal(problem, schedule) is None:
+        found += [("winograd", m) for m in winograd.TILES if winograd.within_bound(m, problem.dtype)]
+    return found
+
+
+__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "candidates", "depthwise_refusal", "winograd_refusal",
+           "winograd_tile"]

@@ -1,4 +1,5 @@
-"""The `convgen` command line: build kernel sets, read and export their C, compare variants, manage the cache.
+"""The `convgen` command line: build kernel sets, read and export their C, compare variants, tune
+`auto` (wisdom), manage the cache.
 
 Every command reads a kernel spec in the compact window text of `Window.parse` ("k3s2p1",
 "k7s2p3d1", "k3x5s1p1x2", "k3s1p1reflect"), with --dtype and --layout beside it. The layout sets the rank: a 1-D
@@ -288,6 +289,80 @@ def cmd_compare(args) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------ tune, wisdom
+def _layer(text: str):
+    """A layer to tune: WINDOW:N,C,H,W,F[:LAYOUT[:DTYPE[:GROUPS]]], e.g. k3s1p1:8,64,56,56,64:NHWC."""
+    from .tune import Layer
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 5:
+        raise argparse.ArgumentTypeError(f"a layer is WINDOW:N,C,H,W,F[:LAYOUT[:DTYPE[:GROUPS]]], got {text!r}")
+    window = _window(parts[0])
+    n, c, h, w, f = _shape(parts[1])
+    layout = parts[2].upper() if len(parts) > 2 else "NCHW"
+    dtype = parts[3] if len(parts) > 3 else "float32"
+    if layout not in ("NCHW", "NHWC") or dtype not in DTYPES:
+        raise argparse.ArgumentTypeError(f"a layer's layout is NCHW or NHWC and its dtype one of {sorted(DTYPES)}, "
+                                         f"got {text!r}")
+    groups = _positive(parts[4]) if len(parts) > 4 else 1
+    try:
+        window.output_size((h, w))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if c % groups or f % groups:
+        raise argparse.ArgumentTypeError(f"{text!r}: groups {groups} must divide the channels and the filters")
+    return Layer(window, n, c, h, w, f, groups, layout, dtype)
+
+
+def cmd_tune(args) -> int:
+    from ..runtime import wisdom
+    from .tune import DEFAULT_LAYERS, OPS, tune
+    layers = args.layers or list(DEFAULT_LAYERS)
+    ops = OPS if args.op == "both" else (args.op,)
+    print(f"tuning {len(layers)} layer(s) x {len(ops)} op(s), mode {args.mode}"
+          f"{f', budget {args.budget:g} s' if args.budget else ''}; CPU {wisdom.cpu_name()}", flush=True)
+    start = time.perf_counter()
+    outcomes, left = tune(layers, ops, args.mode, args.budget, report=lambda line: print(line, flush=True))
+    where = wisdom.wisdom_path() if args.mode != "estimate" else "nowhere (estimate measures nothing)"
+    print(f"{len(outcomes)} tuned in {time.perf_counter() - start:.1f} s, {left} left; wisdom written to {where}")
+    return EXIT_OK
+
+
+def cmd_wisdom(args) -> int:
+    from ..runtime import wisdom
+    from ..runtime.kernels import settings
+    path = wisdom.wisdom_path()
+    if args.action == "forget":
+        print(f"forgot the wisdom in {path}" if wisdom.forget() else f"no wisdom in {path}")
+        return EXIT_OK
+    if args.action == "import":
+        if args.file is None:
+            raise UsageError("wisdom import needs the FILE to read")
+        added = wisdom.import_file(Path(args.file), settings())
+        print(f"imported {added} entries from {args.file} into {path}")
+        return EXIT_OK
+    found = wisdom.read()
+    if args.action == "export":
+        if args.file is None:
+            raise UsageError("wisdom export needs the FILE to write")
+        if found is None:
+            raise ValueError(f"no wisdom to export in {path}: run `convgen tune` first")
+        wisdom.write(found, Path(args.file))
+        print(f"exported {len(found.entries)} entries from {path} to {args.file}")
+        return EXIT_OK
+    if found is None:
+        print(f"no wisdom in {path}: `algorithm=\"auto\"` follows the planner's rule (run `convgen tune` to measure)")
+        return EXIT_OK
+    here = wisdom.machine(settings())
+    print(f"wisdom: {path}")
+    print("measured on: " + ", ".join(f"{k} {v}" for k, v in sorted(found.stamp.items())))
+    if found.stamp != here:
+        print("NOT USED here: this machine is " + ", ".join(f"{k} {v}" for k, v in sorted(here.items())))
+    for key, entry in sorted(found.entries.items()):
+        choice = wisdom.entry_choice(entry)
+        print(f"  {key}: {choice.text() if choice else 'unreadable entry, skipped'}")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------------------ cache
 # A module's op entry point, as cffi keeps its name in the binary (ConvSpec.symbol(op)); a module per op.
 _ENTRY_SYMBOL = re.compile(rb"cg_conv2d_(fwd|bwd_data|bwd_weight)_\w+")
@@ -374,11 +449,12 @@ def make_parser() -> argparse.ArgumentParser:
                          help="on an error, print the traceback too")
     parser = _Parser(
         prog="convgen", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Specialized convolution kernels (2-D; 1-D and 3-D windows run on them): build, read, export "
-                    "and compare them.",
+        description="Specialized convolution kernels (2-D; 1-D and 3-D windows run on them): build, read, export, "
+                    "compare and tune them.",
         epilog="examples:\n  convgen build kernels.toml -j 2\n  convgen show k3s2p1 --op forward --diff\n"
                "  convgen export k3s2p1 -o export/\n  convgen compare k3s1p1 --shape 8,64,56,56,64\n"
-               "  convgen cache info\n\nexit codes: 0 success, 1 failure, 2 usage error")
+               "  convgen tune --layer k3s1p1:8,64,56,56,64\n  convgen cache info\n\n"
+               "exit codes: 0 success, 1 failure, 2 usage error")
     parser.add_argument("-v", "--verbose", action="store_true", help="on an error, print the traceback too")
     parser.add_argument("--version", action="version", version=f"convgen {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -423,6 +499,25 @@ def make_parser() -> argparse.ArgumentParser:
                    help="batch, input channels, height, width, output channels")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
     p.add_argument("--repeat", type=_positive, default=7, help="timed rounds; the median is shown (default 7)")
+
+    p = command("tune", "measure the algorithms 'auto' may take for some layers and remember the fastest (wisdom)",
+                "convgen tune --layer k3s1p1:8,64,56,56,64:NHWC --budget 60", cmd_tune)
+    p.add_argument("--layer", dest="layers", action="append", type=_layer, metavar="WINDOW:N,C,H,W,F[:LAYOUT[:DTYPE]]",
+                   help="a layer to tune (repeatable; default: the benchmark networks' layers that have a choice)")
+    p.add_argument("--op", choices=("conv2d", "conv2d_backward", "both"), default="both",
+                   help="which op to measure (default both)")
+    p.add_argument("--mode", choices=("estimate", "measure", "patient"), default="measure",
+                   help="estimate: measure nothing, show the planner's rule; measure: medians of 5 rounds (default); "
+                        "patient: of 15")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="stop between layers once this much time is spent (default: none)")
+
+    p = command("wisdom", "show, export, import or forget what `convgen tune` measured",
+                "convgen wisdom show", cmd_wisdom)
+    p.add_argument("action", choices=("show", "export", "import", "forget"),
+                   help="show: the entries and the machine they hold for; export/import: to or from FILE (only "
+                        "wisdom of this machine, compiler and convgen is imported); forget: delete it")
+    p.add_argument("file", nargs="?", default=None, metavar="FILE", help="the file to export to or import from")
 
     p = command("cache", "show, list or clear the cache of built kernel modules", "convgen cache list", cmd_cache)
     p.add_argument("action", choices=("info", "list", "clear"),

@@ -38,6 +38,7 @@ from ..planning import planner
 from ..planning.planner import as_algorithm
 from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
 from ..planning.spec import Window, as_int, explicit_padding
+from ..runtime import wisdom
 from ..runtime.kernels import settings
 from ..runtime.memory import advise_huge_pages
 
@@ -375,7 +376,8 @@ def _eager_key(kind_name, x, weight, bias, params):
     try:
         return (kind_name, x.shape, x.stride(), x.dtype, weight.shape, weight.stride(), weight.dtype,
                 None if bias is None else (bias.shape, bias.stride(), bias.dtype),
-                tuple([_parameter_key(p) for p in params]), settings(), torch.get_num_threads())
+                tuple([_parameter_key(p) for p in params]), settings(), torch.get_num_threads(),
+                wisdom.generation())
     except TypeError:  # an unhashable parameter: the checks will say what is wrong with it
         return None
 
@@ -669,8 +671,11 @@ def _algorithm_for_training(kind: Kind, x, weight, stride, pads, output_padding,
     """
     problem = _problem(kind, x, weight, stride, pads, output_padding, dilation, groups, padding_mode,
                        channels_last(kind, x))
-    chosen = planner.plan(problem, True, settings().schedule(), "auto")
-    return "direct" if chosen.family == "winograd" else "auto"
+    active = settings()
+    # (what `convgen tune` measured may take Winograd too, for the forward op or the gradients')
+    chosen = [planner.plan(problem, True, active.schedule(), "auto", wisdom.lookup(op, problem, active)).family
+              for op in (kind.forward, kind.backward)]
+    return "direct" if "winograd" in chosen else "auto"
 
 
 def _check_tensors(kind: Kind, x, weight, bias):
