@@ -180,6 +180,20 @@ def test_training_through_pytorch_never_takes_winograd_from_wisdom():
     assert_close(x.grad.numpy(), expected, np.float32, "dx")
 
 
+def test_compare_times_the_measured_plan_beside_the_estimate():
+    from convgen.tools.compare import compare_layer
+    other, ruled = _other_than_ruled()
+    shape = (LAYER.n, LAYER.c, LAYER.h, LAYER.w, LAYER.f)
+    names = [row["name"] for row in compare_layer(LAYER.window, *shape, repeat=1, with_baselines=False)]
+    assert "convgen estimate" not in names, "without wisdom, auto is the estimate"
+    _write({("conv2d", LAYER): other})
+    rows = {row["name"]: row["algorithm"] for row in compare_layer(LAYER.window, *shape, repeat=1,
+                                                                   with_baselines=False)}
+    assert rows["convgen specialized"] == wisdom.Choice(*other).text()
+    assert rows["convgen estimate"] == wisdom.Choice(*ruled).text()
+    assert ("convgen spec. direct" in rows) == (("direct", None) not in (other, ruled))
+
+
 def test_the_commands_tune_show_export_import_and_forget(tmp_path, capsys):
     assert main(["wisdom", "show"]) == 0 and "no wisdom" in capsys.readouterr().out
     assert main(["tune", "--layer", "k3s1p1:2,16,12,12,16", "--op", "conv2d"]) == 0

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..planning import planner
 from .baselines import numpy_conv2d, torch_module
+from ..runtime import wisdom
 from ..runtime.kernels import settings
 from ..frontend.ops import _numpy_epilogue, conv2d
 from ..frontend.resolve import conv_problem
@@ -46,6 +47,8 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
     Each row: name, algorithm, seconds (median per call), gflops (the direct convolution's FLOP
     count over the time: an *effective* rate, which Winograd can push past the FMA peak) and
     speedup (this row's time over the specialized kernel's: > 1 means specialized is faster).
+    "convgen specialized" is what `algorithm="auto"` runs; where this machine's wisdom (`convgen
+    tune`) made it another plan than the planner's rule, "convgen estimate" times the rule's beside it.
     """
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
@@ -58,10 +61,16 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
                  residual_position="after" if epilogue.residual == "after" else "before")
     epilogue = as_epilogue(fused["activation"], residual is not None, fused["residual_position"])
     problem = dataclasses.replace(problem, epilogue=epilogue)
-    schedule = settings().schedule()
-    chosen = planner.plan(problem, True, schedule).spec
+    active = settings()
+    schedule = active.schedule()
+    # what "auto" runs: the planner's rule (its estimate), or what `convgen tune` measured (wisdom)
+    estimate = planner.plan(problem, True, schedule).spec
+    chosen = planner.plan(problem, True, schedule, "auto", wisdom.lookup("conv2d", problem, active)).spec
     funcs = {"convgen specialized": (lambda: conv2d(x, weight, **kw, **fused, out=y), chosen)}
-    if chosen.family != "direct":  # what the algorithm buys over the direct kernel of the same window
+    if chosen != estimate:  # the rule's plan beside the measured one (the rule's Winograd tile is the schedule's)
+        funcs["convgen estimate"] = (lambda: conv2d(x, weight, **kw, **fused, algorithm=estimate.family, out=y),
+                                     estimate)
+    if chosen.family != "direct" and estimate.family != "direct":  # what the algorithm buys over direct
         funcs["convgen spec. direct"] = (lambda: conv2d(x, weight, **kw, **fused, algorithm="direct", out=y),
                                          planner.plan(problem, True, schedule, "direct").spec)
     funcs["convgen generic"] = (lambda: conv2d(x, weight, **kw, **fused, specialize=False, out=y), chosen.generic())
