@@ -12,7 +12,7 @@ import pytest
 import convgen
 from convgen import reference
 from convgen.frontend import ops
-from convgen.planning import planner
+from convgen.planning import planner, winograd
 from convgen.planning.spec import Window
 from convgen.runtime import wisdom
 from convgen.runtime.kernels import settings
@@ -64,6 +64,18 @@ def test_a_class_rounds_sizes_to_powers_of_two_and_keeps_the_rest_exact():
                   Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=16)):
         assert wisdom.problem_class("conv2d", other.problem()) != key, other
     assert wisdom.problem_class("conv2d_backward", LAYER.problem()) != key
+
+
+def test_the_candidates_are_what_can_compute_the_problem():
+    tiles = [("winograd", m) for m in (2, 4, 6) if winograd.within_bound(m, "float32")]
+    assert len(tiles) >= 2 and _candidates() == [("direct", None)] + tiles
+    assert _candidates(Layer(Window(3, 2, 1), 2, 16, 12, 12, 16)) == [("direct", None)]
+    assert _candidates(Layer(Window(5, 1, 2), 2, 16, 12, 12, 16)) == [("direct", None)]
+    depthwise = Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=16)
+    assert _candidates(depthwise) == [("direct", None), ("depthwise", None)]
+    assert _candidates(Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=2)) == [("direct", None)] + tiles
+    float64 = Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, dtype="float64")
+    assert [m for _, m in _candidates(float64)[1:]] == [m for m in (2, 4, 6) if winograd.within_bound(m, "float64")]
 
 
 def test_auto_takes_the_measured_choice_and_computes_the_same():

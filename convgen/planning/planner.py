@@ -137,11 +137,14 @@ def _measured_plan(problem: Problem, schedule: Schedule, measured) -> Plan | Non
 def candidates(problem: Problem, schedule: Schedule) -> list:
     """Every (algorithm, Winograd tile or None) that `auto` may take for `problem`, specialized:
     direct; depthwise where it computes the problem; Winograd at each tile within its accuracy
-    bound where it computes the problem. What `convgen tune` measures."""
+    bound where it computes the problem, unless its groups have one channel or one filter (its
+    batched multiplies would be 1 wide: on MobileNet's depthwise 3x3 layers it measured 3-40x
+    slower than the depthwise kernels, on AVX2). What `convgen tune` measures."""
     found = [("direct", None)]
     if depthwise_refusal(problem) is None:
         found.append(("depthwise", None))
-    if winograd_refusal(problem, schedule) is None:
+    conv = problem.conv()
+    if winograd_refusal(problem, schedule) is None and min(conv.c, conv.f) > conv.groups:
         found += [("winograd", m) for m in winograd.TILES if winograd.within_bound(m, problem.dtype)]
     return found
 
