@@ -34,9 +34,9 @@ def test_torch_interop_quick(monkeypatch):
     example = _load_example()
     used = set()
 
-    def recording(spec, _get_kernels=convgen.frontend.ops.get_kernels):
+    def recording(spec, active=None, _get_kernels=convgen.frontend.ops.get_kernels):
         used.add(spec)
-        return _get_kernels(spec)
+        return _get_kernels(spec, active)
 
     monkeypatch.setattr(convgen.frontend.ops, "get_kernels", recording)
     log = io.StringIO()

@@ -35,10 +35,11 @@ def own_wisdom(tmp_path, monkeypatch):
 
 
 def _chosen(layer=LAYER, op="conv2d"):
-    """(family, tile or None) of the plan `auto` makes for `op` on the layer now."""
-    call = ops.prepare(op, layer.arrays(op, np.random.default_rng(0)), **layer.kwargs())
-    spec = call.plan.spec
-    return spec.family, spec.tile if spec.family == "winograd" else None
+    """(family, tile or None, variant or "") of the plan `auto` makes for `op` on the layer now."""
+    plan = ops.prepare(op, layer.arrays(op, np.random.default_rng(0)), **layer.kwargs()).plan
+    variant = next((name for name, fields in planner.VARIANTS.items() if fields == plan.overrides), "")
+    assert plan.overrides == planner.VARIANTS.get(variant, ())
+    return plan.spec.family, plan.spec.tile if plan.spec.family == "winograd" else None, variant
 
 
 def _candidates(layer=LAYER):
@@ -46,10 +47,12 @@ def _candidates(layer=LAYER):
 
 
 def _write(entries, **stamp_changes):
-    """Wisdom of `entries` ({(op, layer): (algorithm, tile)}), stamped for this machine with `stamp_changes`."""
+    """Wisdom of `entries` ({(op, layer): (algorithm, tile, variant)}), stamped for this machine with
+    `stamp_changes`."""
     stamp = dict(wisdom.machine(settings()), **stamp_changes)
-    wisdom.write(wisdom.Wisdom(stamp, {wisdom.problem_class(op, layer.problem()): {"algorithm": a, "tile": t}
-                                       for (op, layer), (a, t) in entries.items()}))
+    wisdom.write(wisdom.Wisdom(stamp, {wisdom.problem_class(op, layer.problem()): {"algorithm": a, "tile": t,
+                                                                                   "variant": v}
+                                       for (op, layer), (a, t, v) in entries.items()}))
 
 
 def test_a_class_rounds_sizes_to_powers_of_two_and_keeps_the_rest_exact():
@@ -67,15 +70,16 @@ def test_a_class_rounds_sizes_to_powers_of_two_and_keeps_the_rest_exact():
 
 
 def test_the_candidates_are_what_can_compute_the_problem():
-    tiles = [("winograd", m) for m in (2, 4, 6) if winograd.within_bound(m, "float32")]
-    assert len(tiles) >= 2 and _candidates() == [("direct", None)] + tiles
-    assert _candidates(Layer(Window(3, 2, 1), 2, 16, 12, 12, 16)) == [("direct", None)]
-    assert _candidates(Layer(Window(5, 1, 2), 2, 16, 12, 12, 16)) == [("direct", None)]
+    direct = [("direct", None, ""), ("direct", None, "pixel rows"), ("direct", None, "phase planes")]
+    tiles = [("winograd", m, "") for m in (2, 4, 6) if winograd.within_bound(m, "float32")]
+    assert len(tiles) >= 2 and _candidates() == direct + tiles
+    assert _candidates(Layer(Window(3, 2, 1), 2, 16, 12, 12, 16)) == direct
+    assert _candidates(Layer(Window(5, 1, 2), 2, 16, 12, 12, 16)) == direct
     depthwise = Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=16)
-    assert _candidates(depthwise) == [("direct", None), ("depthwise", None)]
-    assert _candidates(Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=2)) == [("direct", None)] + tiles
+    assert _candidates(depthwise) == direct + [("depthwise", None, "")]
+    assert _candidates(Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=2)) == direct + tiles
     float64 = Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, dtype="float64")
-    assert [m for _, m in _candidates(float64)[1:]] == [m for m in (2, 4, 6) if winograd.within_bound(m, "float64")]
+    assert [m for _, m, _ in _candidates(float64)[3:]] == [m for m in (2, 4, 6) if winograd.within_bound(m, "float64")]
 
 
 def test_auto_takes_the_measured_choice_and_computes_the_same():
@@ -84,10 +88,13 @@ def test_auto_takes_the_measured_choice_and_computes_the_same():
     expected = reference.conv2d(x, w, padding=1)
     ruled = _chosen()
     assert len(_candidates()) >= 3, "direct and at least two Winograd tiles"
-    for algorithm, tile in _candidates():
-        _write({("conv2d", LAYER): (algorithm, tile)})
-        assert _chosen() == (algorithm, tile)
-        assert_close(convgen.conv2d(x, w, padding=1), expected, np.float32, f"auto measured {algorithm} {tile}")
+    for candidate in _candidates():
+        _write({("conv2d", LAYER): candidate})
+        assert _chosen() == candidate
+        schedule = ops.prepare("conv2d", (x, w, None), padding=1).kernels().settings.schedule()
+        for field, value in planner.VARIANTS.get(candidate[2], ()):  # a variant's kernels are built with its fields
+            assert getattr(schedule, field) == value
+        assert_close(convgen.conv2d(x, w, padding=1), expected, np.float32, f"auto measured {candidate}")
         assert _chosen(op="conv2d_backward") == ruled, "wisdom of one op steers that op alone"
     wisdom.forget()
     assert _chosen() == ruled
@@ -122,7 +129,10 @@ def test_an_unreadable_file_is_ignored_with_a_warning_and_tune_replaces_it(damag
 
 
 @pytest.mark.parametrize("entry", [{"algorithm": "fft"}, {"algorithm": "winograd", "tile": 5},
-                                   {"algorithm": "winograd"}, "direct", {"algorithm": "winograd", "tile": True}])
+                                   {"algorithm": "winograd"}, "direct", {"algorithm": "winograd", "tile": True},
+                                   {"algorithm": "direct", "variant": "tiles of 7"},
+                                   {"algorithm": "winograd", "tile": 4, "variant": "pixel rows"},
+                                   {"algorithm": "depthwise", "variant": "pixel rows"}])
 def test_an_entry_naming_no_choice_this_convgen_offers_is_skipped(entry, own_wisdom):
     _, ruled = _other_than_ruled()
     _write({})
@@ -137,9 +147,9 @@ def test_a_choice_that_cannot_compute_the_problem_leaves_it_to_the_rule():
     strided = Layer(Window(3, 2, 1), 2, 16, 12, 12, 16)  # Winograd computes stride 1 only
     grouped = Layer(Window(3, 1, 1), 2, 16, 12, 12, 16, groups=2)  # depthwise: groups == channels only
     ruled = {layer: _chosen(layer) for layer in (strided, grouped)}
-    _write({("conv2d", strided): ("winograd", 4), ("conv2d", grouped): ("depthwise", None)})
+    _write({("conv2d", strided): ("winograd", 4, ""), ("conv2d", grouped): ("depthwise", None, "")})
     assert {layer: _chosen(layer) for layer in (strided, grouped)} == ruled
-    assert ruled[strided] == ("direct", None)
+    assert ruled[strided] == ("direct", None, "")
 
 
 def test_tune_records_the_fastest_candidate_unless_the_rule_ties_it(own_wisdom):
@@ -147,13 +157,14 @@ def test_tune_records_the_fastest_candidate_unless_the_rule_ties_it(own_wisdom):
     outcomes, left = tune([LAYER], ("conv2d",), report=lines.append)
     assert left == 0 and len(outcomes) == 1 and len(lines) == 1
     outcome = outcomes[0]
-    texts = {wisdom.Choice(a, t).text() for a, t in _candidates()}
+    texts = {wisdom.Choice(*candidate).text() for candidate in _candidates()}
     assert set(outcome.seconds) == texts and min(outcome.seconds.values()) > 0
     chosen = outcome.seconds[outcome.choice.text()]
     assert chosen <= (1 + TIE) * min(outcome.seconds.values())
     entry = json.loads(own_wisdom.read_text())["entries"][outcome.key]
-    assert (entry["algorithm"], entry["tile"]) == (outcome.choice.algorithm, outcome.choice.tile)
-    assert _chosen() == (outcome.choice.algorithm, outcome.choice.tile)
+    choice = outcome.choice
+    assert (entry["algorithm"], entry["tile"], entry["variant"]) == (choice.algorithm, choice.tile, choice.variant)
+    assert _chosen() == (choice.algorithm, choice.tile, choice.variant)
 
 
 def test_tune_stops_at_its_budget_and_estimate_measures_nothing(own_wisdom):
@@ -161,7 +172,7 @@ def test_tune_stops_at_its_budget_and_estimate_measures_nothing(own_wisdom):
     assert (outcomes, left) == ([], 4)
     outcomes, left = tune([LAYER], ("conv2d",), mode="estimate", report=lambda line: None)
     assert left == 0 and outcomes[0].seconds == {}
-    assert (outcomes[0].choice.algorithm, outcomes[0].choice.tile) == _chosen()
+    assert (outcomes[0].choice.algorithm, outcomes[0].choice.tile, outcomes[0].choice.variant) == _chosen()
     assert not own_wisdom.exists()
     with pytest.raises(ValueError, match="mode must be one of"):
         tune([LAYER], mode="exhaustive")
@@ -174,8 +185,8 @@ def test_training_through_pytorch_never_takes_winograd_from_wisdom():
     import convgen.torch as ct
     from convgen.torch import library
     layer = Layer(Window(3, 1, 1), 2, 4, 12, 12, 4)  # few channels: the rule takes the direct kernels
-    assert _chosen(layer) == ("direct", None)
-    _write({(op, layer): ("winograd", 2) for op in ("conv2d", "conv2d_backward")})
+    assert _chosen(layer) == ("direct", None, "")
+    _write({(op, layer): ("winograd", 2, "") for op in ("conv2d", "conv2d_backward")})
     x_array, w_array, _ = layer.arrays("conv2d", np.random.default_rng(5))
     x, w = torch.from_numpy(x_array), torch.from_numpy(w_array)
     library._BOUND.clear()
@@ -198,12 +209,13 @@ def test_compare_times_the_measured_plan_beside_the_estimate():
     shape = (LAYER.n, LAYER.c, LAYER.h, LAYER.w, LAYER.f)
     names = [row["name"] for row in compare_layer(LAYER.window, *shape, repeat=1, with_baselines=False)]
     assert "convgen estimate" not in names, "without wisdom, auto is the estimate"
-    _write({("conv2d", LAYER): other})
-    rows = {row["name"]: row["algorithm"] for row in compare_layer(LAYER.window, *shape, repeat=1,
-                                                                   with_baselines=False)}
-    assert rows["convgen specialized"] == wisdom.Choice(*other).text()
-    assert rows["convgen estimate"] == wisdom.Choice(*ruled).text()
-    assert ("convgen spec. direct" in rows) == (("direct", None) not in (other, ruled))
+    for measured in (other, ("direct", None, "pixel rows")):
+        _write({("conv2d", LAYER): measured})
+        rows = {row["name"]: row["algorithm"] for row in compare_layer(LAYER.window, *shape, repeat=1,
+                                                                       with_baselines=False)}
+        assert rows["convgen specialized"] == wisdom.Choice(*measured).text()
+        assert rows["convgen estimate"] == wisdom.Choice(*ruled).text()
+        assert ("convgen spec. direct" in rows) == ("direct" not in (measured[0], ruled[0]))
 
 
 def test_the_commands_tune_show_export_import_and_forget(tmp_path, capsys):

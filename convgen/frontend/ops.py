@@ -16,7 +16,7 @@ import numpy as np
 from ..planning import planner
 from .batching import accepts_unbatched
 from ..runtime import wisdom
-from ..runtime.kernels import Kernels, get_kernels, num_threads, settings
+from ..runtime.kernels import Kernels, get_kernels, num_threads, settings, with_schedule
 from .resolve import FLOAT_DTYPES, LIMITS, Resolved, as_flag, c_array, resolve, result_array, split_out
 from ..planning.epilogue import NO_EPILOGUE, Epilogue, as_epilogue
 
@@ -30,17 +30,19 @@ _BIAS_SHAPE = {"NCHW": (-1, 1, 1), "NHWC": (-1,)}        # the bias broadcast ov
 class _Call:
     """A call signature that passed validation: its resolved problem and the plan that computes it."""
 
-    __slots__ = ("resolved", "problem", "plan", "empty", "_checked")
+    __slots__ = ("resolved", "problem", "plan", "empty", "_checked", "_settings")
 
     def __init__(self, resolved: Resolved, plan: planner.Plan):
         self.resolved, self.problem, self.plan = resolved, resolved.problem, plan
         self.empty = resolved.problem.empty  # nothing to multiply: the kernels are not called
         self._checked = None
+        # a measured schedule variant builds its kernels with its own fields
+        self._settings = with_schedule(settings(), plan.overrides) if plan.overrides else None
 
     def kernels(self) -> Kernels:
         """The plan's kernels, looked up on each use (a dict lookup once loaded), so a call never
         reaches a module the process has let go of; their workspace is checked on first use."""
-        kernels = get_kernels(self.plan.spec)
+        kernels = get_kernels(self.plan.spec, self._settings)
         if kernels is not self._checked:
             kernels.prepare(OP_ENTRIES[self.resolved.op])
             _check_workspace(kernels, self.resolved)
@@ -144,7 +146,8 @@ def runner(op: str, arrays, measured, *, stride=1, padding=0, dilation=1, groups
     the choice cannot compute the call."""
     arrays, resolved = resolve(op, tuple(arrays), stride, padding, dilation, groups, layout)
     plan = planner.plan(resolved.problem, True, settings().schedule(), "auto", measured)
-    if plan.family != measured.algorithm or (plan.family == "winograd" and plan.spec.tile != measured.tile):
+    if (plan.family != measured.algorithm or (plan.family == "winograd" and plan.spec.tile != measured.tile)
+            or plan.overrides != planner.VARIANTS.get(measured.variant, ())):
         raise ValueError(f"{measured.text()} cannot compute this {op} call")
     call = _Call(resolved, plan)
     if resolved.backward:

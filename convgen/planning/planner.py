@@ -23,12 +23,26 @@ from .spec import WINOGRAD_WINDOW_TEXT, ConvSpec, winograd_computes
 ALGORITHMS = ("auto", "direct", "winograd", "depthwise")
 
 
+# Schedule variants of the direct family that `convgen tune` measures beside its rule (which picks,
+# per op and call, the pixel rows or the phase planes by channels, pixels and layout; the thresholds
+# were measured on a few machines): the pixel rows wherever their kernels apply (what the tests force
+# to check them), or the phase planes wherever the rule lets them. Schedule fields and values.
+VARIANTS = {
+    "pixel rows": (("pixel_rows_dx_vector_share", 64), ("pixel_rows_min_work", 1),
+                   ("pixel_rows_nchw_max_pixels", 10**9)),
+    "phase planes": (("pixel_rows_dx_vector_share", 1), ("pixel_rows_min_work", 10**9),
+                     ("pixel_rows_nchw_max_pixels", 1)),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What computes one problem: the kernel module's spec (which names the family) and its schedule."""
+    """What computes one problem: the kernel module's spec (which names the family) and its schedule;
+    `overrides`, the schedule fields a measured variant sets (its kernels are built with them)."""
 
     spec: ConvSpec
     schedule: Schedule
+    overrides: tuple = ()
 
     @property
     def family(self) -> str:
@@ -123,8 +137,12 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
 def _measured_plan(problem: Problem, schedule: Schedule, measured) -> Plan | None:
     """The specialized plan of the measured choice, or None where it does not apply to `problem`."""
     epilogue = problem.epilogue
+    if measured.variant and (measured.algorithm != "direct" or measured.variant not in VARIANTS):
+        return None
     if measured.algorithm == "direct":
-        return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, epilogue=epilogue), schedule)
+        overrides = VARIANTS.get(measured.variant, ())
+        return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, epilogue=epilogue),
+                    dataclasses.replace(schedule, **dict(overrides)), overrides)
     if measured.algorithm == "depthwise" and depthwise_refusal(problem) is None:
         return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, "depthwise", epilogue=epilogue), schedule)
     if (measured.algorithm == "winograd" and winograd_refusal(problem, schedule) is None
@@ -135,19 +153,20 @@ def _measured_plan(problem: Problem, schedule: Schedule, measured) -> Plan | Non
 
 
 def candidates(problem: Problem, schedule: Schedule) -> list:
-    """Every (algorithm, Winograd tile or None) that `auto` may take for `problem`, specialized:
-    direct; depthwise where it computes the problem; Winograd at each tile within its accuracy
-    bound where it computes the problem, unless its groups have one channel or one filter (its
-    batched multiplies would be 1 wide: on MobileNet's depthwise 3x3 layers it measured 3-40x
-    slower than the depthwise kernels, on AVX2). What `convgen tune` measures."""
-    found = [("direct", None)]
+    """Every (algorithm, Winograd tile or None, variant or "") that `auto` may take for `problem`,
+    specialized: direct, by its rule and in each of its VARIANTS; depthwise where it computes the
+    problem; Winograd at each tile within its accuracy bound where it computes the problem, unless
+    its groups have one channel or one filter (its batched multiplies would be 1 wide: on MobileNet's
+    depthwise 3x3 layers it measured 3-40x slower than the depthwise kernels, on AVX2). What
+    `convgen tune` measures."""
+    found = [("direct", None, "")] + [("direct", None, variant) for variant in VARIANTS]
     if depthwise_refusal(problem) is None:
-        found.append(("depthwise", None))
+        found.append(("depthwise", None, ""))
     conv = problem.conv()
     if winograd_refusal(problem, schedule) is None and min(conv.c, conv.f) > conv.groups:
-        found += [("winograd", m) for m in winograd.TILES if winograd.within_bound(m, problem.dtype)]
+        found += [("winograd", m, "") for m in winograd.TILES if winograd.within_bound(m, problem.dtype)]
     return found
 
 
-__all__ = ["ALGORITHMS", "Plan", "as_algorithm", "plan", "candidates", "depthwise_refusal", "winograd_refusal",
+__all__ = ["ALGORITHMS", "VARIANTS", "Plan", "as_algorithm", "plan", "candidates", "depthwise_refusal", "winograd_refusal",
            "winograd_tile"]

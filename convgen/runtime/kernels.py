@@ -395,10 +395,21 @@ def _core_object(rendered: Rendered, toolchain: Toolchain, into):
                        lambda name, build_dir: build_core_object(name, rendered, toolchain, build_dir), into)
 
 
-def get_kernels(spec: ConvSpec) -> Kernels:
-    """The kernels of `spec` under the active settings; each op's module is built on its first call
-    (or ahead of time by `build_all`)."""
-    active = settings()
+@functools.lru_cache(maxsize=64)
+def with_schedule(active: Settings, overrides: tuple) -> Settings:
+    """`active` with the schedule fields `overrides` ((field, value) pairs) set as well: what a plan
+    of a measured schedule variant builds its kernels with. The same object for the same pair, so
+    the kernels keyed on it are found again."""
+    merged = tuple(sorted({**dict(active.schedule_overrides), **dict(overrides)}.items()))
+    replaced = dataclasses.replace(active, schedule_overrides=merged)
+    replaced.schedule()  # validate
+    return replaced
+
+
+def get_kernels(spec: ConvSpec, active: Settings | None = None) -> Kernels:
+    """The kernels of `spec` under `active` (default: the active settings); each op's module is
+    built on its first call (or ahead of time by `build_all`)."""
+    active = settings() if active is None else active
     found = _loaded.get((spec, active))
     if found is not None:
         return found

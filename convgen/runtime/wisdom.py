@@ -4,7 +4,8 @@ FFTW's idea: a planner that has measured the candidates on the machine it runs o
 winners, and later plans reuse them. Here a class of problems is one op ("conv2d",
 "conv2d_backward", ...) of one window, dtype and layout, with its batch, channels, filters and
 output pixels rounded to the nearest power of two (`problem_class`); its wisdom is the algorithm
-(and Winograd tile) `algorithm="auto"` then takes, with the medians that chose it.
+(with Winograd's tile, or a schedule variant of the direct kernels: `planner.VARIANTS`)
+`algorithm="auto"` then takes, with the medians that chose it.
 
 Wisdom is one small JSON file (`wisdom_path`: CONVGEN_WISDOM, else wisdom.json in the kernel
 cache directory) stamped with what its measurements depend on (`machine`): the CPU, the
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from .._version import __version__
 from ..planning import winograd
+from ..planning.planner import VARIANTS
 from ..planning.problem import Problem
 from .cache import cache_dir
 
@@ -44,9 +46,12 @@ class Choice:
 
     algorithm: str
     tile: int | None = None
+    variant: str = ""  # a schedule variant of the direct family (planner.VARIANTS), or its rule
 
     def text(self) -> str:
-        return self.algorithm if self.tile is None else f"{self.algorithm} F({self.tile}x{self.tile})"
+        if self.tile is not None:
+            return f"{self.algorithm} F({self.tile}x{self.tile})"
+        return f"{self.algorithm}, {self.variant}" if self.variant else self.algorithm
 
 
 def wisdom_path() -> Path:
@@ -103,12 +108,14 @@ def entry_choice(entry) -> Choice | None:
     """The Choice an entry of the file names, or None when it names none this convgen offers."""
     if not isinstance(entry, dict) or entry.get("algorithm") not in CHOICES:
         return None
-    tile = entry.get("tile")
+    tile, variant = entry.get("tile"), entry.get("variant", "")
     if entry["algorithm"] == "winograd":
-        if isinstance(tile, bool) or tile not in winograd.TILES:
+        if isinstance(tile, bool) or tile not in winograd.TILES or variant:
             return None
         return Choice("winograd", tile)
-    return Choice(entry["algorithm"])
+    if variant and (entry["algorithm"] != "direct" or variant not in VARIANTS):
+        return None
+    return Choice(entry["algorithm"], None, variant)
 
 
 class Wisdom:

@@ -17,8 +17,12 @@ from ..planning.spec import Window
 from .timing import time_alternating
 
 
-def _algorithm_text(spec) -> str:
-    return f"winograd F({spec.tile}x{spec.tile})" if spec.family == "winograd" else spec.family
+def _algorithm_text(spec, overrides=()) -> str:
+    """The algorithm of a spec's kernels, and the schedule variant a measured plan runs them with."""
+    if spec.family == "winograd":
+        return f"winograd F({spec.tile}x{spec.tile})"
+    variant = next((name for name, fields in planner.VARIANTS.items() if overrides and fields == overrides), "")
+    return f"{spec.family}, {variant}" if variant else spec.family
 
 
 # The activation each epilogue kind is timed with: its parameters (clamp as relu6, leaky_relu's default slope).
@@ -64,16 +68,19 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
     active = settings()
     schedule = active.schedule()
     # what "auto" runs: the planner's rule (its estimate), or what `convgen tune` measured (wisdom)
-    estimate = planner.plan(problem, True, schedule).spec
-    chosen = planner.plan(problem, True, schedule, "auto", wisdom.lookup("conv2d", problem, active)).spec
-    funcs = {"convgen specialized": (lambda: conv2d(x, weight, **kw, **fused, out=y), chosen)}
-    if chosen != estimate:  # the rule's plan beside the measured one (the rule's Winograd tile is the schedule's)
+    estimate = planner.plan(problem, True, schedule)
+    measured = planner.plan(problem, True, schedule, "auto", wisdom.lookup("conv2d", problem, active))
+    chosen = measured.spec
+    funcs = {"convgen specialized": (lambda: conv2d(x, weight, **kw, **fused, out=y),
+                                     _algorithm_text(chosen, measured.overrides))}
+    if measured != estimate:  # the rule's plan beside the measured one (the rule's Winograd tile is the schedule's)
         funcs["convgen estimate"] = (lambda: conv2d(x, weight, **kw, **fused, algorithm=estimate.family, out=y),
-                                     estimate)
+                                     _algorithm_text(estimate.spec))
     if chosen.family != "direct" and estimate.family != "direct":  # what the algorithm buys over direct
         funcs["convgen spec. direct"] = (lambda: conv2d(x, weight, **kw, **fused, algorithm="direct", out=y),
-                                         planner.plan(problem, True, schedule, "direct").spec)
-    funcs["convgen generic"] = (lambda: conv2d(x, weight, **kw, **fused, specialize=False, out=y), chosen.generic())
+                                         "direct")
+    funcs["convgen generic"] = (lambda: conv2d(x, weight, **kw, **fused, specialize=False, out=y),
+                                _algorithm_text(chosen.generic()))
     numpy_epilogue = (lambda out: _numpy_epilogue(out, epilogue, residual)) if epilogue.active else (lambda out: out)
     symmetric = all(a == b for a, b in window.padding)
     if with_baselines and window.dilation == (1, 1) and symmetric:
@@ -103,9 +110,9 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
             funcs["pytorch"] = (run_torch, None)
     seconds = time_alternating({name: func for name, (func, _) in funcs.items()}, repeat=repeat)
     best = seconds["convgen specialized"]
-    return [{"name": name, "algorithm": _algorithm_text(spec) if spec is not None else "",
+    return [{"name": name, "algorithm": algorithm or "",
              "seconds": s, "gflops": problem.flops / s / 1e9, "speedup": s / best}
-            for (name, (_, spec)), s in zip(funcs.items(), seconds.values())]
+            for (name, (_, algorithm)), s in zip(funcs.items(), seconds.values())]
 
 
 def _ratio(speedup: float) -> str:

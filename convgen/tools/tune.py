@@ -1,7 +1,8 @@
 """`convgen tune`: measure the algorithms `auto` may take for some layers and remember the winners.
 
-For each layer and op, every candidate the planner allows (`planner.candidates`: direct; depthwise
-where it computes the layer; Winograd at each tile within its accuracy bound) is timed side by side
+For each layer and op, every candidate the planner allows (`planner.candidates`: direct, by its
+rule and in each schedule variant of `planner.VARIANTS`; depthwise where it computes the layer;
+Winograd at each tile within its accuracy bound) is timed side by side
 (`time_alternating`: candidates in turn, medians), and the fastest is written to this machine's
 wisdom (convgen.runtime.wisdom), which `algorithm="auto"` consults from then on, in this process and
 every later one. A layer with one candidate has nothing to choose and is not measured. The modes
@@ -81,10 +82,12 @@ def _layers(window, sizes, layouts=("NCHW", "NHWC"), depthwise=False):
             for n in (1, 8) for c, hw in sizes for layout in layouts]
 
 
-# `make tune`: the layers of the benchmark's networks where the planner has a choice: ResNet's 3x3
-# stride-1 layers (direct or Winograd's tiles) and MobileNet's depthwise 3x3 (depthwise or direct),
-# at batch 1 and 8, in both layouts, float32.
+# `make tune`: layers of the benchmark's networks, at batch 1 and 8, in both layouts, float32:
+# ResNet's 3x3 stride-1 layers (direct by its rule or variants, or Winograd's tiles), its stride-2
+# 3x3 (the direct kernels' variants) and MobileNet's depthwise 3x3 (depthwise or direct).
 DEFAULT_LAYERS = (_layers("k3s1p1", [(64, 56), (128, 28), (256, 14), (512, 7)])
+                  + [dataclasses.replace(layer, f=2 * layer.c)
+                     for layer in _layers("k3s2p1", [(64, 56), (128, 28), (256, 14)])]
                   + _layers("k3s1p1", [(32, 112), (144, 56), (576, 14)], depthwise=True))
 
 
@@ -126,7 +129,7 @@ def tune(layers, ops_to_tune=OPS, mode: str = "measure", budget: float | None = 
             report(f"budget of {budget:g} s spent: {len(pairs) - index} of {len(pairs)} left untuned")
             return outcomes, len(pairs) - index
         problem = layer.problem()
-        choices = [wisdom.Choice(name, tile) for name, tile in planner.candidates(problem, active.schedule())]
+        choices = [wisdom.Choice(*candidate) for candidate in planner.candidates(problem, active.schedule())]
         if MODES[mode] == 0 or len(choices) == 1:
             plan = planner.plan(problem, True, active.schedule(), "auto")
             choice = wisdom.Choice(plan.family, plan.spec.tile if plan.family == "winograd" else None)
@@ -142,9 +145,10 @@ def tune(layers, ops_to_tune=OPS, mode: str = "measure", budget: float | None = 
             if own in choices and seconds[own.text()] <= (1 + TIE) * seconds[fastest.text()]:
                 fastest = own
             outcome = Outcome(layer, op, wisdom.problem_class(op, problem), seconds, fastest)
-            wisdom.record({outcome.key: {"algorithm": fastest.algorithm, "tile": fastest.tile,
-                                         "seconds": {name: float(f"{t:.4g}") for name, t in seconds.items()},
-                                         "layer": layer.text(), "mode": mode}}, active)
+            entry = {"algorithm": fastest.algorithm, "tile": fastest.tile, "variant": fastest.variant,
+                     "seconds": {name: float(f"{t:.4g}") for name, t in seconds.items()}, "layer": layer.text(),
+                     "mode": mode}
+            wisdom.record({outcome.key: entry}, active)
         outcomes.append(outcome)
         report(f"[{index + 1}/{len(pairs)}] {outcome.line()}")
     return outcomes, 0
