@@ -42,7 +42,8 @@ CHOICES = ("direct", "winograd", "depthwise")
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What `algorithm="auto"` takes for a class of problems: an algorithm, and Winograd's tile."""
+    """What `algorithm="auto"` takes for a class of problems: an algorithm, with Winograd's tile or a
+    schedule variant of the direct kernels."""
 
     algorithm: str
     tile: int | None = None
