@@ -1,7 +1,8 @@
 """convgen's benchmark: forward, backward and transposed convolution on a fixed suite of layers.
 
 Each (op, layer) row times convgen specialized (the algorithm the planner picks for the window:
-direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows), convgen specialized forced to
+direct, or Winograd F(m×m, 3×3) for 3×3 stride-1 windows; after `make tune`, what this machine's
+wisdom chose where it did, named in the row's algorithm), convgen specialized forced to
 algorithm="direct" (on rows where the planner picked another algorithm: what that algorithm buys
 over direct code for the same window), convgen generic (always direct), NumPy (im2col by
 as_strided, then matmuls on the installed BLAS) and PyTorch's CPU convolution (when torch imports),
@@ -78,6 +79,8 @@ import numpy as np  # noqa: E402
 import convgen  # noqa: E402
 from convgen.tools import baselines  # noqa: E402
 from convgen.planning import planner, winograd  # noqa: E402
+from convgen.runtime import wisdom  # noqa: E402
+from convgen.runtime.kernels import with_schedule  # noqa: E402
 from convgen.frontend import resolve  # noqa: E402
 from convgen.planning.problem import Problem, image_shape, weight_shape  # noqa: E402
 from convgen.planning.spec import ConvSpec  # noqa: E402
@@ -220,12 +223,26 @@ def algorithm_text(spec: ConvSpec) -> str:
     return f"winograd F({spec.tile}x{spec.tile})" if spec.family == "winograd" else spec.family
 
 
-def specs_of(problem: Problem, algorithm: str) -> dict:
+# The convgen op each row's op calls (1-D and 3-D rows call it on their 2-D problem): what wisdom keys.
+OP_CALLED = {"forward": "conv2d", "backward": "conv2d_backward", "transposed": "conv_transpose2d",
+             "transposed_backward": "conv_transpose2d_backward", "conv1d": "conv2d", "conv1d_backward": "conv2d_backward",
+             "conv3d": "conv2d", "conv3d_backward": "conv2d_backward"}
+
+
+def specialized_plan(problem: Problem, algorithm: str, op: str = "forward") -> planner.Plan:
+    """The plan of convgen's specialized implementation of an `op` row, as the ops make it: the
+    planner's choice under `algorithm`, taking this machine's wisdom (`make tune`) for "auto"."""
+    active = convgen.runtime.kernels.settings()
+    measured = wisdom.lookup(OP_CALLED[op], problem, active) if algorithm == "auto" else None
+    return planner.plan(problem, True, active.schedule(), algorithm, measured)
+
+
+def specs_of(problem: Problem, algorithm: str, op: str = "forward") -> dict:
     """The kernel module each convgen implementation calls for `problem`, as the ops plan it:
-    {"specialized": the planner's choice under `algorithm`, "direct": the specialized direct module
-    (only when "specialized" is another family), "generic": the generic module}."""
+    {"specialized": `specialized_plan`'s, "direct": the specialized direct module (only when
+    "specialized" is another family), "generic": the generic module}."""
     schedule = convgen.runtime.kernels.settings().schedule()
-    chosen = planner.plan(problem, True, schedule, algorithm).spec
+    chosen = specialized_plan(problem, algorithm, op).spec
     specs = {"specialized": chosen}
     if chosen.family != "direct":
         specs["direct"] = planner.plan(problem, True, schedule, "direct").spec
@@ -233,13 +250,23 @@ def specs_of(problem: Problem, algorithm: str) -> dict:
     return specs
 
 
-def row_algorithm(op: str, spec: ConvSpec) -> str:
+def kernels_of(problem: Problem, algorithm: str, op: str, specs: dict) -> dict:
+    """The loaded kernels of each implementation in `specs`: the specialized one under the schedule
+    fields of a measured variant, if wisdom chose one."""
+    overrides = specialized_plan(problem, algorithm, op).overrides
+    variant = with_schedule(convgen.runtime.kernels.settings(), overrides) if overrides else None
+    return {v: convgen.get_kernels(spec, variant if v == "specialized" else None) for v, spec in specs.items()}
+
+
+def row_algorithm(op: str, spec: ConvSpec, overrides: tuple = ()) -> str:
     """What the specialized implementation of an `op` row computes with. Winograd computes a
-    convolution and an input gradient, its weight gradient is direct; depthwise computes all three."""
+    convolution and an input gradient, its weight gradient is direct; depthwise computes all three.
+    A schedule variant wisdom chose for the direct kernels is named after them."""
     text = algorithm_text(spec)
     if spec.family == "winograd" and op.endswith("backward"):
         return f"{text} dx, direct dw"
-    return text
+    variant = next((name for name, fields in planner.VARIANTS.items() if overrides and fields == overrides), "")
+    return f"{text}, {variant}" if variant else text
 
 
 # ------------------------------------------------------------------------------------ one row
@@ -303,8 +330,8 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto", layout: str
         return (dx.transpose(image_axes), dw.transpose(weight_axes), db) if nhwc else (dx, dw, db)
 
     X, W = in_layout(x, image_axes), in_layout(w, weight_axes)
-    specs = specs_of(problem, algorithm)
-    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    specs = specs_of(problem, algorithm, op)
+    kernels = kernels_of(problem, algorithm, op, specs)
     # Keyword arguments of each convgen implementation: the plan specs_of() describes.
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
@@ -344,7 +371,8 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto", layout: str
     if specs["specialized"].family == "winograd":
         # Winograd rounds differently from direct code: its own, documented bound.
         limits["specialized"] = winograd.ERROR_BOUND["float32"]
-    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits)
+    overrides = specialized_plan(problem, algorithm, op).overrides
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits)
 
 
 def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
@@ -357,8 +385,8 @@ def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
     x = rng.standard_normal((L.n, L.c, *L.sizes), dtype=np.float32)
     w = rng.standard_normal((L.f, L.c) + (L.k,) * r, dtype=np.float32) / np.float32(math.sqrt(L.c * L.k ** r))
     problem = L.problem()
-    specs = specs_of(problem, algorithm)
-    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    specs = specs_of(problem, algorithm, op)
+    kernels = kernels_of(problem, algorithm, op, specs)
     ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
@@ -396,7 +424,8 @@ def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
     limits = {v: ERROR_LIMIT for v in funcs}
     if specs["specialized"].family == "winograd":
         limits["specialized"] = winograd.ERROR_BOUND["float32"]
-    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits,
+    overrides = specialized_plan(problem, algorithm, op).overrides
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits,
                 reference="pytorch")
 
 
@@ -497,8 +526,8 @@ def make_depthwise_case(op: str, layer: DepthwiseLayer, layout: str, torch, algo
     X = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
     W = np.ascontiguousarray(w.transpose(2, 3, 1, 0)) if nhwc else w
     DY = np.ascontiguousarray(dy.transpose(0, 2, 3, 1)) if nhwc else dy
-    specs = specs_of(problem, algorithm)
-    kernels = {v: convgen.get_kernels(spec) for v, spec in specs.items()}
+    specs = specs_of(problem, algorithm, op)
+    kernels = kernels_of(problem, algorithm, op, specs)
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
     kw = {v: dict(stride=L.s, padding=L.p, groups=L.c, layout=layout, **kw[v]) for v in specs}
@@ -529,7 +558,8 @@ def make_depthwise_case(op: str, layer: DepthwiseLayer, layout: str, torch, algo
         funcs["pytorch"] = _torch_depthwise_func(torch, op, L, x, w, dy, nhwc)
     limits = {name: ERROR_LIMIT for name in funcs}
     flops = problem.flops * (1 if op == "forward" else 2)
-    return Case(op, L, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"]), limits)
+    overrides = specialized_plan(problem, algorithm, op).overrides
+    return Case(op, L, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits)
 
 
 def _torch_depthwise_func(torch, op, L, x, w, dy, nhwc):
@@ -851,12 +881,18 @@ def main(argv=None) -> int:
         print(f"memory bandwidth: {bw['gbs_1']:.1f} GB/s on 1 thread, {bw['gbs_all']:.1f} on {threads}", flush=True)
 
     # Compile every kernel the rows need up front, in parallel, so no build lands inside a timing.
-    specs = set()
+    specs, variants = set(), {}  # (and the specialized modules of the schedule variants wisdom chose)
     for rows in groups.values():
         for op, layer, layout in rows:
             problem = layer.problem() if isinstance(layer, NdLayer) else layer.problem(layout)
-            specs.update(specs_of(problem, args.algorithm).values())
+            specs.update(specs_of(problem, args.algorithm, op).values())
+            plan = specialized_plan(problem, args.algorithm, op)
+            if plan.overrides:
+                variants.setdefault(plan.overrides, set()).add(plan.spec)
     failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
+    for overrides, variant_specs in variants.items():
+        with convgen.configure(**dict(overrides)):
+            failed.update({s: e for s, e in convgen.build_all(variant_specs).items() if isinstance(e, Exception)})
     if failed:
         for spec, exc in failed.items():
             print(f"building {spec} failed: {exc}", file=sys.stderr)

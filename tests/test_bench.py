@@ -95,6 +95,32 @@ def test_suite_has_the_3x3_stride_1_layers(run):
     assert all(odd.problem().ho % m for m in winograd.TILES if m > 1)  # no multiple of any tile
 
 
+def test_specs_follow_wisdom(run, tmp_path, monkeypatch):
+    """After `make tune`, the specialized implementation is what this machine's wisdom chose, and its
+    row says so: here a schedule variant of the direct kernels on ResNet's stride-2 layer, backward."""
+    from convgen.runtime import kernels, wisdom
+    monkeypatch.setenv("CONVGEN_WISDOM", str(tmp_path / "wisdom.json"))
+    wisdom.forget_loaded()
+    layer = next(l for l in run.SUITE if l.name == "resnet3x3s2")
+    problem = layer.problem("NHWC")
+    try:
+        assert run.specialized_plan(problem, "auto", "backward").overrides == ()
+        wisdom.record({wisdom.problem_class("conv2d_backward", problem): {"algorithm": "direct",
+                                                                           "variant": "phase planes"}},
+                      kernels.settings())
+        plan = run.specialized_plan(problem, "auto", "backward")
+        assert plan.overrides == run.planner.VARIANTS["phase planes"]
+        assert run.specialized_plan(problem, "auto", "forward").overrides == ()  # another op's class
+        assert run.specialized_plan(problem, "direct", "backward").overrides == ()  # forced: no wisdom
+        specs = run.specs_of(problem, "auto", "backward")
+        loaded = run.kernels_of(problem, "auto", "backward", specs)
+        assert loaded["specialized"].settings.schedule().pixel_rows_min_work == 10**9
+        assert loaded["generic"].settings.schedule().pixel_rows_min_work != 10**9
+        assert run.row_algorithm("backward", specs["specialized"], plan.overrides) == "direct, phase planes"
+    finally:
+        wisdom.forget_loaded()
+
+
 def test_specs_follow_the_planner(run):
     """A 3×3 stride-1 layer with enough channels times Winograd and the direct kernel of the same
     window; other windows and --algorithm direct time the direct kernel only."""
