@@ -130,18 +130,16 @@ def tune(layers, ops_to_tune=OPS, mode: str = "measure", budget: float | None = 
             return outcomes, len(pairs) - index
         problem = layer.problem()
         choices = [wisdom.Choice(*candidate) for candidate in planner.candidates(problem, active.schedule())]
+        ruled = planner.plan(problem, True, active.schedule(), "auto")  # the rule's own choice, without wisdom
+        own = wisdom.Choice(ruled.family, ruled.spec.tile if ruled.family == "winograd" else None)
         if MODES[mode] == 0 or len(choices) == 1:
-            plan = planner.plan(problem, True, active.schedule(), "auto")
-            choice = wisdom.Choice(plan.family, plan.spec.tile if plan.family == "winograd" else None)
-            outcome = Outcome(layer, op, wisdom.problem_class(op, problem), {}, choice)
+            outcome = Outcome(layer, op, wisdom.problem_class(op, problem), {}, own)
         else:
             arrays = layer.arrays(op, rng)
             runners = {choice.text(): ops.runner(op, arrays, choice, **layer.kwargs()) for choice in choices}
             seconds = time_alternating(runners, repeat=MODES[mode])
             fastest = min(choices, key=lambda choice: seconds[choice.text()])
-            # the planner's own choice stands unless another is clearly faster: a tie is noise
-            ruled = planner.plan(problem, True, active.schedule(), "auto")
-            own = wisdom.Choice(ruled.family, ruled.spec.tile if ruled.family == "winograd" else None)
+            # the rule's choice stands unless another is clearly faster: a tie is noise
             if own in choices and seconds[own.text()] <= (1 + TIE) * seconds[fastest.text()]:
                 fastest = own
             outcome = Outcome(layer, op, wisdom.problem_class(op, problem), seconds, fastest)
