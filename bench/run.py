@@ -225,8 +225,8 @@ def algorithm_text(spec: ConvSpec) -> str:
 
 # The convgen op each row's op calls (1-D and 3-D rows call it on their 2-D problem): what wisdom keys.
 OP_CALLED = {"forward": "conv2d", "backward": "conv2d_backward", "transposed": "conv_transpose2d",
-             "transposed_backward": "conv_transpose2d_backward", "conv1d": "conv2d", "conv1d_backward": "conv2d_backward",
-             "conv3d": "conv2d", "conv3d_backward": "conv2d_backward"}
+             "transposed_backward": "conv_transpose2d_backward", "conv1d": "conv2d",
+             "conv1d_backward": "conv2d_backward", "conv3d": "conv2d", "conv3d_backward": "conv2d_backward"}
 
 
 def specialized_plan(problem: Problem, algorithm: str, op: str = "forward") -> planner.Plan:
@@ -250,22 +250,20 @@ def specs_of(problem: Problem, algorithm: str, op: str = "forward") -> dict:
     return specs
 
 
-def kernels_of(problem: Problem, algorithm: str, op: str, specs: dict) -> dict:
-    """The loaded kernels of each implementation in `specs`: the specialized one under the schedule
-    fields of a measured variant, if wisdom chose one."""
-    overrides = specialized_plan(problem, algorithm, op).overrides
-    variant = with_schedule(convgen.runtime.kernels.settings(), overrides) if overrides else None
+def kernels_of(specs: dict, plan: planner.Plan) -> dict:
+    """The loaded kernels of each implementation in `specs`: the specialized one (`plan`'s) under the
+    schedule fields of a measured variant, if wisdom chose one."""
+    variant = with_schedule(convgen.runtime.kernels.settings(), plan.overrides) if plan.variant else None
     return {v: convgen.get_kernels(spec, variant if v == "specialized" else None) for v, spec in specs.items()}
 
 
-def row_algorithm(op: str, spec: ConvSpec, overrides: tuple = ()) -> str:
+def row_algorithm(op: str, spec: ConvSpec, variant: str = "") -> str:
     """What the specialized implementation of an `op` row computes with. Winograd computes a
     convolution and an input gradient, its weight gradient is direct; depthwise computes all three.
     A schedule variant wisdom chose for the direct kernels is named after them."""
     text = algorithm_text(spec)
     if spec.family == "winograd" and op.endswith("backward"):
         return f"{text} dx, direct dw"
-    variant = next((name for name, fields in planner.VARIANTS.items() if overrides and fields == overrides), "")
     return f"{text}, {variant}" if variant else text
 
 
@@ -330,8 +328,8 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto", layout: str
         return (dx.transpose(image_axes), dw.transpose(weight_axes), db) if nhwc else (dx, dw, db)
 
     X, W = in_layout(x, image_axes), in_layout(w, weight_axes)
-    specs = specs_of(problem, algorithm, op)
-    kernels = kernels_of(problem, algorithm, op, specs)
+    plan, specs = specialized_plan(problem, algorithm, op), specs_of(problem, algorithm, op)
+    kernels = kernels_of(specs, plan)
     # Keyword arguments of each convgen implementation: the plan specs_of() describes.
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
@@ -371,8 +369,7 @@ def make_case(op: str, layer: Layer, torch, algorithm: str = "auto", layout: str
     if specs["specialized"].family == "winograd":
         # Winograd rounds differently from direct code: its own, documented bound.
         limits["specialized"] = winograd.ERROR_BOUND["float32"]
-    overrides = specialized_plan(problem, algorithm, op).overrides
-    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits)
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], plan.variant), limits)
 
 
 def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
@@ -385,8 +382,8 @@ def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
     x = rng.standard_normal((L.n, L.c, *L.sizes), dtype=np.float32)
     w = rng.standard_normal((L.f, L.c) + (L.k,) * r, dtype=np.float32) / np.float32(math.sqrt(L.c * L.k ** r))
     problem = L.problem()
-    specs = specs_of(problem, algorithm, op)
-    kernels = kernels_of(problem, algorithm, op, specs)
+    plan, specs = specialized_plan(problem, algorithm, op), specs_of(problem, algorithm, op)
+    kernels = kernels_of(specs, plan)
     ws = {v: max(k.workspace_bytes(entry, problem) for entry in ENTRIES[op]) for v, k in kernels.items()}
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
@@ -424,8 +421,7 @@ def _make_nd_case(op: str, layer: NdLayer, torch, algorithm: str) -> Case:
     limits = {v: ERROR_LIMIT for v in funcs}
     if specs["specialized"].family == "winograd":
         limits["specialized"] = winograd.ERROR_BOUND["float32"]
-    overrides = specialized_plan(problem, algorithm, op).overrides
-    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits,
+    return Case(op, layer, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], plan.variant), limits,
                 reference="pytorch")
 
 
@@ -526,8 +522,8 @@ def make_depthwise_case(op: str, layer: DepthwiseLayer, layout: str, torch, algo
     X = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
     W = np.ascontiguousarray(w.transpose(2, 3, 1, 0)) if nhwc else w
     DY = np.ascontiguousarray(dy.transpose(0, 2, 3, 1)) if nhwc else dy
-    specs = specs_of(problem, algorithm, op)
-    kernels = kernels_of(problem, algorithm, op, specs)
+    plan, specs = specialized_plan(problem, algorithm, op), specs_of(problem, algorithm, op)
+    kernels = kernels_of(specs, plan)
     kw = {"specialized": dict(algorithm=algorithm), "direct": dict(algorithm="direct"),
           "generic": dict(specialize=False)}
     kw = {v: dict(stride=L.s, padding=L.p, groups=L.c, layout=layout, **kw[v]) for v in specs}
@@ -558,8 +554,7 @@ def make_depthwise_case(op: str, layer: DepthwiseLayer, layout: str, torch, algo
         funcs["pytorch"] = _torch_depthwise_func(torch, op, L, x, w, dy, nhwc)
     limits = {name: ERROR_LIMIT for name in funcs}
     flops = problem.flops * (1 if op == "forward" else 2)
-    overrides = specialized_plan(problem, algorithm, op).overrides
-    return Case(op, L, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], overrides), limits)
+    return Case(op, L, flops, funcs, ws, out_bytes, row_algorithm(op, specs["specialized"], plan.variant), limits)
 
 
 def _torch_depthwise_func(torch, op, L, x, w, dy, nhwc):
@@ -887,7 +882,7 @@ def main(argv=None) -> int:
             problem = layer.problem() if isinstance(layer, NdLayer) else layer.problem(layout)
             specs.update(specs_of(problem, args.algorithm, op).values())
             plan = specialized_plan(problem, args.algorithm, op)
-            if plan.overrides:
+            if plan.variant:
                 variants.setdefault(plan.overrides, set()).add(plan.spec)
     failed = {s: e for s, e in convgen.build_all(specs).items() if isinstance(e, Exception)}
     for overrides, variant_specs in variants.items():

@@ -113,10 +113,10 @@ def test_specs_follow_wisdom(run, tmp_path, monkeypatch):
         assert run.specialized_plan(problem, "auto", "forward").overrides == ()  # another op's class
         assert run.specialized_plan(problem, "direct", "backward").overrides == ()  # forced: no wisdom
         specs = run.specs_of(problem, "auto", "backward")
-        loaded = run.kernels_of(problem, "auto", "backward", specs)
+        loaded = run.kernels_of(specs, plan)
         assert loaded["specialized"].settings.schedule().pixel_rows_min_work == 10**9
         assert loaded["generic"].settings.schedule().pixel_rows_min_work != 10**9
-        assert run.row_algorithm("backward", specs["specialized"], plan.overrides) == "direct, phase planes"
+        assert run.row_algorithm("backward", specs["specialized"], plan.variant) == "direct, phase planes"
     finally:
         wisdom.forget_loaded()
 

@@ -147,7 +147,7 @@ def runner(op: str, arrays, measured, *, stride=1, padding=0, dilation=1, groups
     arrays, resolved = resolve(op, tuple(arrays), stride, padding, dilation, groups, layout)
     plan = planner.plan(resolved.problem, True, settings().schedule(), "auto", measured)
     if (plan.family != measured.algorithm or (plan.family == "winograd" and plan.spec.tile != measured.tile)
-            or plan.overrides != planner.VARIANTS.get(measured.variant, ())):
+            or plan.variant != measured.variant):
         raise ValueError(f"{measured.text()} cannot compute this {op} call")
     call = _Call(resolved, plan)
     if resolved.backward:

@@ -38,11 +38,16 @@ VARIANTS = {
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What computes one problem: the kernel module's spec (which names the family) and its schedule;
-    `overrides`, the schedule fields a measured variant sets (its kernels are built with them)."""
+    `variant`, the schedule variant of the direct kernels a measurement chose ("": the rule's)."""
 
     spec: ConvSpec
     schedule: Schedule
-    overrides: tuple = ()
+    variant: str = ""
+
+    @property
+    def overrides(self) -> tuple:
+        """The schedule fields the variant sets (its kernels are built with them); () for none."""
+        return VARIANTS.get(self.variant, ())
 
     @property
     def family(self) -> str:
@@ -140,9 +145,9 @@ def _measured_plan(problem: Problem, schedule: Schedule, measured) -> Plan | Non
     if measured.variant and (measured.algorithm != "direct" or measured.variant not in VARIANTS):
         return None
     if measured.algorithm == "direct":
-        overrides = VARIANTS.get(measured.variant, ())
+        fields = dict(VARIANTS.get(measured.variant, ()))
         return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, epilogue=epilogue),
-                    dataclasses.replace(schedule, **dict(overrides)), overrides)
+                    dataclasses.replace(schedule, **fields), measured.variant)
     if measured.algorithm == "depthwise" and depthwise_refusal(problem) is None:
         return Plan(ConvSpec(problem.window, problem.dtype, problem.layout, "depthwise", epilogue=epilogue), schedule)
     if (measured.algorithm == "winograd" and winograd_refusal(problem, schedule) is None
@@ -168,5 +173,5 @@ def candidates(problem: Problem, schedule: Schedule) -> list:
     return found
 
 
-__all__ = ["ALGORITHMS", "VARIANTS", "Plan", "as_algorithm", "plan", "candidates", "depthwise_refusal", "winograd_refusal",
-           "winograd_tile"]
+__all__ = ["ALGORITHMS", "VARIANTS", "Plan", "as_algorithm", "plan", "candidates", "depthwise_refusal",
+           "winograd_refusal", "winograd_tile"]

@@ -17,11 +17,10 @@ from ..planning.spec import Window
 from .timing import time_alternating
 
 
-def _algorithm_text(spec, overrides=()) -> str:
+def _algorithm_text(spec, variant: str = "") -> str:
     """The algorithm of a spec's kernels, and the schedule variant a measured plan runs them with."""
     if spec.family == "winograd":
         return f"winograd F({spec.tile}x{spec.tile})"
-    variant = next((name for name, fields in planner.VARIANTS.items() if overrides and fields == overrides), "")
     return f"{spec.family}, {variant}" if variant else spec.family
 
 
@@ -72,7 +71,7 @@ def compare_layer(window: Window, n: int, c: int, h: int, w: int, f: int, dtype:
     measured = planner.plan(problem, True, schedule, "auto", wisdom.lookup("conv2d", problem, active))
     chosen = measured.spec
     funcs = {"convgen specialized": (lambda: conv2d(x, weight, **kw, **fused, out=y),
-                                     _algorithm_text(chosen, measured.overrides))}
+                                     _algorithm_text(chosen, measured.variant))}
     if measured != estimate:  # the rule's plan beside the measured one (the rule's Winograd tile is the schedule's)
         funcs["convgen estimate"] = (lambda: conv2d(x, weight, **kw, **fused, algorithm=estimate.family, out=y),
                                      _algorithm_text(estimate.spec))
