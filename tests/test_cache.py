@@ -63,16 +63,19 @@ def seed(spec, directory):
 
 
 def core_paths(spec, directory):
-    """The core object that `spec`'s module of every op links, and its digest file, in `directory`."""
+    """The objects of the parts of the core that `spec`'s module of every op links, each with its
+    digest file, in `directory`: the common part first."""
     active = kernels.settings()
-    name = cache.CORE_PREFIX + kernels.core_key(render.render(spec, active.schedule(), split=True), active.toolchain)[:32]
-    return directory / f"{name}.o", directory / f"{name}.sha256"
+    rendered = render.render(spec, active.schedule(), split=True)
+    names = [cache.CORE_PREFIX + kernels.core_key(source, rendered, active.toolchain)[:32] for source in rendered.cores]
+    return [(directory / f"{name}.o", directory / f"{name}.sha256") for name in names]
 
 
 def seed_core(spec, directory):
-    """Copy `spec`'s core object (and digest) from the session's cache into `directory`."""
-    for source, target in zip(core_paths(spec, SESSION_CACHE), core_paths(spec, directory)):
-        shutil.copyfile(source, target)
+    """Copy the objects (and digests) of `spec`'s core from the session's cache into `directory`."""
+    for parts in zip(core_paths(spec, SESSION_CACHE), core_paths(spec, directory)):
+        for source, target in zip(*parts):
+            shutil.copyfile(source, target)
     return core_paths(spec, directory)
 
 
@@ -243,7 +246,7 @@ def test_module_file_others_could_have_written_is_rebuilt(private_cache, imports
 def test_damaged_or_foreign_core_object_is_rebuilt_with_a_warning(private_cache, damage):
     """A window module links a checked copy of its core object: one that does not match its digest,
     or that others could have written, is rebuilt, never linked."""
-    o_path, digest_path = seed_core(SPEC, private_cache)
+    o_path, digest_path = seed_core(SPEC, private_cache)[0]
     if damage == "truncated":
         o_path.write_bytes(o_path.read_bytes()[:1000])
     elif damage == "digest-wrong":
@@ -258,15 +261,16 @@ def test_damaged_or_foreign_core_object_is_rebuilt_with_a_warning(private_cache,
 
 
 def test_windows_of_one_dtype_layout_and_schedule_share_one_core_object(private_cache):
-    """The first window module builds the core object; the next window's links the same one."""
+    """The first window module builds the core object's parts; the next window's links the same ones."""
     other = ConvSpec(Window(3, 2, 1), SPEC.dtype, SPEC.layout)
-    assert core_paths(other, private_cache) == core_paths(SPEC, private_cache)
+    parts = core_paths(SPEC, private_cache)
+    assert core_paths(other, private_cache) == parts and len(parts) == 2  # the common part, the weight gradient's
     assert load(SPEC)[1]
-    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 1
-    before = core_paths(SPEC, private_cache)[0].stat().st_mtime_ns
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
+    before = [o_path.stat().st_mtime_ns for o_path, _ in parts]
     assert load(other)[1]
-    assert core_paths(SPEC, private_cache)[0].stat().st_mtime_ns == before  # linked, not rebuilt
-    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 1
+    assert [o_path.stat().st_mtime_ns for o_path, _ in parts] == before  # linked, not rebuilt
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 3, 9, 8)), rng.standard_normal((5, 3, 3, 3))
     np.testing.assert_allclose(convgen.conv2d(x, w, stride=2, padding=1), reference.conv2d(x, w, stride=2, padding=1),
@@ -334,7 +338,7 @@ def _key_inputs():
 KEY_CHANGES = {
     "source": lambda r, t, mp: (dataclasses.replace(r, source=r.source + "\n/* edited */\n"), t),
     "cdef": lambda r, t, mp: (dataclasses.replace(r, cdef=r.cdef + "\n"), t),
-    "core source": lambda r, t, mp: (dataclasses.replace(r, core=r.core + "\n/* edited */\n"), t),
+    "core source": lambda r, t, mp: (dataclasses.replace(r, cores=(r.cores[0] + "\n/* edited */\n",) + r.cores[1:]), t),
     "compiler path": lambda r, t, mp: (r, dataclasses.replace(t, compiler="/opt/other/gcc")),
     "compiler version": lambda r, t, mp: (r, dataclasses.replace(t, version=t.version + " (patched)")),
     "flags": lambda r, t, mp: (r, dataclasses.replace(t, cflags=t.cflags + ("-ffast-math",))),
@@ -364,7 +368,7 @@ def test_interface_key_changes_with_everything_that_changes_the_object(change, m
     code's flags (no ISA flags): the rest of the module's key is its key."""
     rendered, toolchain = _key_inputs()
     before = kernels.interface_key(rendered, toolchain)
-    assert kernels.interface_key(dataclasses.replace(rendered, source="", cdef="", core=None), toolchain) == before
+    assert kernels.interface_key(dataclasses.replace(rendered, source="", cdef="", cores=()), toolchain) == before
     changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
     assert kernels.interface_key(changed_rendered, changed_toolchain) != before
 
@@ -373,11 +377,11 @@ def test_interface_key_changes_with_everything_that_changes_the_object(change, m
                                     if change not in ("source", "cdef", "window flags")])
 def test_core_key_changes_with_everything_that_changes_the_object(change, monkeypatch):
     rendered, toolchain = _key_inputs()
-    before = kernels.core_key(rendered, toolchain)
+    before = kernels.core_key(rendered.cores[0], rendered, toolchain)
     # the window's own source is not the core's: every window of a dtype, layout and schedule shares it
-    assert kernels.core_key(dataclasses.replace(rendered, source="", cdef=""), toolchain) == before
+    assert kernels.core_key(rendered.cores[0], dataclasses.replace(rendered, source="", cdef=""), toolchain) == before
     changed_rendered, changed_toolchain = KEY_CHANGES[change](rendered, toolchain, monkeypatch)
-    assert kernels.core_key(changed_rendered, changed_toolchain) != before
+    assert kernels.core_key(changed_rendered.cores[0], changed_rendered, changed_toolchain) != before
 
 
 def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypatch, tmp_path):
@@ -399,7 +403,7 @@ def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypat
     default = build.default_toolchain()
     assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"], ["-O2"])
     without_window_flags = dataclasses.replace(default, window_cflags=None)
-    assert kernels.core_key(split, default) == kernels.core_key(split, without_window_flags)
+    assert kernels.core_key(split.cores[0], split, default) == kernels.core_key(split.cores[0], split, without_window_flags)
     assert kernels.interface_key(split, default) != kernels.interface_key(split, without_window_flags)
     monkeypatch.setenv("CONVGEN_CFLAGS", "-O1 -g")
     assert levels(build.default_toolchain()) == (["-O1"],) * 5
@@ -440,9 +444,10 @@ def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path):
 
 def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tmp_path):
     """An edit inside a CG_CORE function's body reaches the window module only through its core
-    object: the module's key covers the core source, so it is rebuilt, linked with a new object."""
+    object: the module's key covers the core source, so it is rebuilt, linked with a new object of the
+    core's part that holds the function (the common part), and the other parts' objects as they were."""
     seed(SPEC, private_cache)
-    seed_core(SPEC, private_cache)
+    parts = seed_core(SPEC, private_cache)
     original, built = load(SPEC)
     assert not built
     edited = tmp_path / "templates"
@@ -457,9 +462,9 @@ def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tm
         fresh, built = load(SPEC)
         assert built
         rendered = fresh.rendered("fwd")
-        assert probe in rendered.core and probe not in rendered.source
+        assert probe in rendered.cores[0] and probe not in rendered.source + "".join(rendered.cores[1:])
         check_conv(SPEC)
-    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
+    assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == len(parts) + 1
 
 
 def test_configure_refuses_a_templates_path_that_is_no_directory(tmp_path):

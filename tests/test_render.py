@@ -7,7 +7,7 @@ import pytest
 
 from convgen.runtime.kernels import settings
 from convgen.codegen.csource import top_level_items
-from convgen.codegen.render import render
+from convgen.codegen.render import core_part, render
 from convgen.planning.epilogue import Epilogue
 from convgen.planning.spec import ConvSpec, Window
 
@@ -198,85 +198,128 @@ SPLIT_SPECS.append(ConvSpec(Window(3, 1, 1), "float32", "NHWC", "winograd", 4, E
 SPLIT_SPECS += [ConvSpec(None, "float32", "NCHW"), ConvSpec(None, "float64", "NHWC")]
 
 
+def core_defined(source):
+    """The CG_CORE and CG_PLAN functions `source` defines (not only declares), in order."""
+    return re.findall(r"^(?:CG_CORE|CG_PLAN) [^;{}]*?\b(\w+)\([^;{}]*\)\n\{", source, re.M)
+
+
+def is_prototype(item):
+    """Whether `item` declares a function without defining it."""
+    text = item.text.strip()
+    return not text.startswith("typedef") and re.fullmatch(r"[^{};=]*\([^{};]*\)\s*;", text) is not None
+
+
+def core_declared(source):
+    """The CG_CORE and CG_PLAN functions `source` declares or defines."""
+    return re.findall(r"^(?:CG_CORE|CG_PLAN) [^;{}(]*?\b(\w+)\(", source, re.M)
+
+
 @pytest.mark.parametrize("spec", SPLIT_SPECS, ids=str)
 def test_the_core_object_holds_what_the_window_module_would_compile_itself(schedule, spec):
     """The split costs no specialization: every function of the core object that a window module
     calls, and everything it calls in turn, is, macros expanded, the function the specialized build of
-    one unit compiles, and the window module declares the CG_CORE functions it calls (a direct module
-    every one, a Winograd module those of the weight gradient) and defines none."""
+    one unit compiles. The core object is compiled in parts (`CORE_PARTS`): each defines its own
+    functions and declares the others', and the window module declares the CG_CORE functions it calls
+    (a direct module every one, a Winograd module those of the weight gradient) and defines none."""
     split = render(spec, schedule, split=True)
-    whole, core, window = definitions(render(spec, schedule).source), definitions(split.core), definitions(split.source)
-    marked = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.core, re.M)
+    whole, window = definitions(render(spec, schedule).source), definitions(split.source)
+    parts = [definitions(source) for source in split.cores]
+    defined = [core_defined(source) for source in split.cores]
+    part_names = ["common"] + [core_part(names[0]) for names in defined[1:]]
+    assert part_names[0] == "common" and len(set(part_names)) == len(part_names)
+    for name, names in zip(part_names, defined):
+        assert names and all(core_part(function) == name for function in names)
+    marked = [function for names in defined for function in names]
     assert len(marked) >= 20, "the core object should hold the micro-kernels and the dot products"
     declared = re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", split.source, re.M)
     if spec.family == "direct":
-        assert sorted(declared) == sorted(marked)
+        assert sorted(declared) == sorted(name for name in marked if not name.endswith("make_plan"))
     assert declared and set(declared) <= set(marked)
     assert not any(name in window and "{" in window[name].text for name in marked)
     # Everything the declared core functions reach (functions, types, tables, variables) is as the
-    # window's build has it.
-    reached, todo = set(), list(declared)
+    # window's build has it, in the part that defines it.
+    owner = {function: index for index, names in enumerate(defined) for function in names}
+    reached, todo = set(), [(name, owner[name]) for name in declared]
     while todo:
-        name = todo.pop()
-        if name not in reached and name in core:
-            reached.add(name)
+        name, index = todo.pop()
+        core = parts[index]
+        # (not through another part's declaration of its function: the part that defines it is followed)
+        if (name, index) not in reached and name in core and not is_prototype(core[name]):
+            reached.add((name, index))
             assert name in whole and unit_text(core[name]) == unit_text(whole[name]), \
-                f"{name} differs between the core object and the {spec} build"
-            todo += core[name].uses
+                f"{name} differs between part {part_names[index]} of the core object and the {spec} build"
+            todo += [(used, owner.get(used, index)) for used in core[name].uses]
     # The plans are the generic build's (tests/test_work_splits.py checks that both builds plan alike):
-    # the core defines them, the window declares them.
-    plans = re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.core, re.M)
-    assert sorted(plans) == ["make_plan", "rows_make_plan"]
+    # the common part defines them, the window declares them.
+    plans = re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.cores[0], re.M)
+    assert sorted(plans) == ["make_plan", "rows_make_plan"] and set(plans) <= set(defined[0])
     assert sorted(re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.source, re.M)) == sorted(plans)
-    assert all("{" in core[name].text and not (name in window and "{" in window[name].text) for name in plans)
-    planned, todo = set(), list(plans)
-    while todo:
-        name = todo.pop()
-        if name not in planned and name in core:
-            planned.add(name)
-            todo += core[name].uses
-    # A file-scope variable has a copy in each unit: none may be used on both sides (the workspace
+    assert not any(name in window and "{" in window[name].text for name in plans)
+    # A file-scope variable has a copy in each unit: none may be used in two of them (the workspace
     # kept between calls lives with the functions that take and give it back).
-    reached |= planned
-    for variable in reached:
-        if re.match(r"static (?!const\b)[^(]*?[=;]", core[variable].text.strip()):
-            in_core = {name for name in reached if variable in core[name].uses}
-            in_window = {name for name, item in window.items() if "{" in item.text and variable in item.uses}
-            assert not (in_core and in_window), f"{variable} is used by {in_core} in the core and by {in_window} beside it"
+    units = [{name: item for name, item in window.items() if "{" in item.text}]
+    units += [{name: item for name, item in part.items() if "{" in item.text and (name, index) in reached}
+              for index, part in enumerate(parts)]
+    variables = {name for name, index in reached
+                 if re.match(r"static (?!const\b)[^(]*?[=;]", parts[index][name].text.strip())}
+    for variable in variables:
+        users = [i for i, unit in enumerate(units) if any(variable in item.uses for item in unit.values())]
+        assert len(users) <= 1, f"{variable} is used in {len(users)} units (0: the window, then the core's parts)"
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_every_window_and_op_of_a_dtype_and_layout_links_one_core(schedule, layout):
-    """The core object carries every op's functions: the modules of one op and of every op, of any
-    window, link the same one, and each declares only the core functions its kernels call."""
+def test_every_window_and_op_of_a_dtype_and_layout_links_the_parts_it_calls(schedule, layout):
+    """The modules of one op and of every op, of any window, link parts of one core: the common part
+    and, for the weight gradient, its own, each declaring only the core functions its kernels call."""
     whole = render(ConvSpec(Window(3, 1, 1), "float32", layout), schedule, split=True)
-    marked = set(re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", whole.core, re.M))
+    assert [core_part(core_defined(source)[0]) for source in whole.cores[1:]] == ["dw"]
+    expected = {"fwd": ["common"], "bwd_data": ["common"], "bwd_weight": ["common", "dw"]}
     for text in ("k3s1p1", "k5s2p2"):
         for op in ("fwd", "bwd_data", "bwd_weight"):
             rendered = render(ConvSpec(Window.parse(text), "float32", layout), schedule, ops=(op,), split=True)
-            assert rendered.core == whole.core
-            declared = set(re.findall(r"^CG_CORE [^(]*?\b(\w+)\(", rendered.source, re.M))
-            assert declared and declared <= marked
+            parts = ["common"] + [core_part(core_defined(source)[0]) for source in rendered.cores[1:]]
+            assert parts == expected[op]
+            assert all(source in whole.cores for source in rendered.cores)
+            declared = set(core_declared(rendered.source))
+            assert declared <= {name for source in rendered.cores for name in core_defined(source)}
+            assert all(core_part(name) in parts for name in declared)
 
 
 def test_direct_modules_and_specialized_winograd_modules_split(schedule):
     """Depthwise modules stay one unit; so does every module rendered without split=True (what
-    `convgen show`, `generate` and `export` write). The generic direct module links the core object
-    its dtype's and layout's specialized windows link; a Winograd module the core object a direct
-    module of its micro-tile's schedule links."""
+    `convgen show`, `generate` and `export` write). The generic direct module links the parts of the
+    core its dtype's and layout's specialized windows link; a Winograd module the parts of the core a
+    direct module of its micro-tile's schedule links: the common part, and the weight gradient's."""
     winograd = ConvSpec(Window(3, 1, 1), family="winograd", tile=4)
     for layout in ("NCHW", "NHWC"):
-        core = render(ConvSpec(Window(3, 1, 1), layout=layout), schedule, split=True).core
-        assert core is not None and render(ConvSpec(None, layout=layout), schedule, split=True).core == core
-    for ops in (("fwd",), ("bwd_weight",), None):
-        core = render(winograd, schedule, ops=ops, split=True).core
-        assert core == render(ConvSpec(Window(5, 2, 2)), schedule.for_family("winograd"), split=True).core
+        cores = render(ConvSpec(Window(3, 1, 1), layout=layout), schedule, split=True).cores
+        assert cores and render(ConvSpec(None, layout=layout), schedule, split=True).cores == cores
+    direct = render(ConvSpec(Window(5, 2, 2)), schedule.for_family("winograd"), split=True).cores
+    for ops, parts in ((("fwd",), 1), (("bwd_weight",), 2), (None, 2)):
+        cores = render(winograd, schedule, ops=ops, split=True).cores
+        assert len(cores) == parts and cores == direct[:parts]
     one_unit = [render(spec, schedule, split=True) for spec in (
         ConvSpec(Window(3, 1, 1), family="depthwise"), ConvSpec(None, family="depthwise"))]
     one_unit += [render(spec, schedule) for spec in (ConvSpec(Window(3, 1, 1)), ConvSpec(None), winograd)]
     for rendered in one_unit:
-        assert rendered.core is None
+        assert rendered.cores == ()
         assert "#define CG_CORE static" in rendered.source
+
+
+def test_a_window_declaring_a_core_function_no_part_defines_is_refused():
+    """A module whose window declares a core function that no part of its core defines would fail to
+    load: `core_parts` refuses it, naming the function. Each part keeps its own functions whole."""
+    from convgen.codegen.render import core_parts
+    core = ("CG_CORE void ukernel(int n)\n{\n    (void)n;\n}\n"
+            "CG_CORE void dw_dot_unit(int n)\n{\n    (void)n;\n}\n")
+    spec = ConvSpec(Window(3, 1, 1))
+    with pytest.raises(ValueError, match="would not define rows_box_sum_1"):
+        core_parts(core, ["ukernel", "rows_box_sum_1"], spec)
+    common, dw = core_parts(core, ["ukernel", "dw_dot_unit"], spec)
+    assert core_defined(common) == ["ukernel"] and core_defined(dw) == ["dw_dot_unit"]
+    assert core_parts(core, ["ukernel"], spec) == (common,)
+    assert [core_part(name) for name in ("ukernel", "make_plan", "rows_igemm_2", "rows_box_sum_1", "dw_dot_sums")] \
+        == ["common", "common", "common", "dw", "dw"]
 
 
 def test_a_core_function_not_written_as_the_split_expects_is_refused(schedule, tmp_path):
@@ -292,4 +335,4 @@ def test_a_core_function_not_written_as_the_split_expects_is_refused(schedule, t
     pack.write_text(re.sub(r"(CG_CORE void pack_b_rows\([^)]*\))\n\{", r"\1 {", text))
     with pytest.raises(ValueError, match="CG_CORE function"):
         render(ConvSpec(Window(3, 1, 1)), schedule, templates=edited, split=True)
-    assert render(ConvSpec(Window(3, 1, 1)), schedule, templates=edited).core is None  # one unit: no split needed
+    assert render(ConvSpec(Window(3, 1, 1)), schedule, templates=edited).cores == ()  # one unit: no split needed

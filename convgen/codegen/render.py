@@ -14,7 +14,10 @@ no window value) are rendered once, from the direct family's generic build of ev
 source, compiled once per dtype, layout and schedule, and linked into every window's module, which
 keeps only their declarations. About half of a direct module's code, so a new window compiles in
 about two thirds of the time; the generic module links the same core, and a Winograd module (whose
-weight gradient is the direct family's) the core of its own micro-tile's schedule.
+weight gradient is the direct family's) the core of its own micro-tile's schedule. The core compiles
+in parts (`CORE_PARTS`: a common part, and the weight gradient's kernels), each an object, and a
+module links the common part and those whose functions it calls: a first forward call does not
+compile the weight gradient's kernels.
 tests/test_render.py checks that every core function renders, macros expanded, exactly as in the
 specialized build of each window it is linked into: the split costs no specialization. The plans
 (`CG_PLAN`: blocks, work items, threads and memory, decided once per call) go to the core object too,
@@ -60,8 +63,9 @@ class Rendered:
     """The C source of one kernel module, its cffi cdef, and its entry points' C symbols by entry name.
 
     `ops` are the ops whose entry points it carries (`abi.OPS` order); the queries are always there.
-    `core` is the C source of the core object it links, if split (its `CG_CORE` functions are
-    declared in `source` and defined there), else None: `source` is the whole module.
+    `cores` are the C sources of the parts of the core object it links, if split (the `CG_CORE` and
+    `CG_PLAN` functions `source` declares are defined there: the common part first, then those of
+    `CORE_PARTS` it calls), else empty: `source` is the whole module.
     """
 
     spec: ConvSpec
@@ -70,7 +74,7 @@ class Rendered:
     cdef: str
     symbols: dict
     ops: tuple = abi.OPS
-    core: str | None = None
+    cores: tuple = ()
 
 
 @functools.lru_cache(maxsize=4)
@@ -227,7 +231,7 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     all three, as `convgen show` and `export` want them); only their kernels are rendered, so a module
     of one op compiles in a fraction of the time. `templates`: a directory laid out as templates/ (an
     edited copy, say) instead of convgen's own. `split`: render a spec that `splits` as a window
-    module and the core it links (`Rendered.core`), as the runtime builds it; by default one
+    module and the parts of the core it links (`Rendered.cores`), as the runtime builds it; by default one
     self-contained source, as `convgen show`, `generate` and `export` write it. `compiled_templates`:
     a Jinja bytecode cache that keeps the templates compiled between processes (the runtime passes
     `convgen.runtime.cache.compiled_templates()`, kept in its kernel cache), which saves a process's
@@ -240,19 +244,21 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
     # moves to another cache directory keeps the templates it compiled, not compiling them again.
     environment.bytecode_cache = compiled_templates
     template = environment.get_template(f"{spec.family}/module.c.j2")
-    core = None
+    cores: tuple = ()
     if split and splits(spec):
         source = _declarations_only(template.render(template_context(spec, schedule, ops, part="window")))
-        # The core carries every op's functions: a forward pass's first call builds the object its
-        # gradients link later, and the modules of one op and of every op share it. It is rendered
-        # from the generic twin (direct, for Winograd too) under this family's schedule.
+        # The core is rendered from the generic twin (direct, for Winograd too) of every op, under this
+        # family's schedule, and compiled in parts: the module links the parts whose functions it
+        # declares (a forward pass's first call does not wait for the compile of its gradients'
+        # micro-kernels, and the modules of one op and of every op share the parts they both link).
         generic = spec.generic()
         core_template = environment.get_template(f"{generic.family}/module.c.j2")
         core = core_template.render(template_context(generic, schedule, abi.OPS, part="core"))
+        cores = core_parts(core, _core_names(source), spec)
     else:
         source = template.render(template_context(spec, schedule, ops))
     return Rendered(spec, schedule, source, abi.cdef(spec, ops),
-                    {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops, core)
+                    {entry: spec.symbol(entry) for entry in abi.module_entries(ops)}, ops, cores)
 
 
 # A core function as the templates write it: `CG_CORE` (or `CG_PLAN`) and its declarator at the start
@@ -260,10 +266,50 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
 _CORE_FUNCTION = re.compile(r"^((?:CG_CORE|CG_PLAN) [^;{}]*?\))\n\{\n.*?\n\}\n", re.S | re.M)
 
 
-def _declarations_only(source: str) -> str:
+_CORE_NAME = re.compile(r"^(?:CG_CORE|CG_PLAN) [^;{}(]*?\b(\w+)\(", re.M)
+
+# The parts the core object is compiled in besides the common part, by the names of their functions:
+# the weight gradient's kernels. Every other CG_CORE and CG_PLAN function (the micro-kernels, the pixel
+# rows of the forward pass and the input gradient, packing, the workspace, the plans) is in the common
+# part, which every split module links. (A part of its own for the pixel rows as well measured no
+# faster a first call on 2 cores, and each part parses the whole core source again.)
+CORE_PARTS = {
+    "dw": re.compile(r"dw_\w+|dy_rows|rows_inside|rows_box_sum_\d+|rows_gemm_add_\d+"),
+}
+
+
+def core_part(name: str) -> str:
+    """The part of the core object (`CORE_PARTS`, else "common") that defines the function `name`."""
+    return next((part for part, pattern in CORE_PARTS.items() if pattern.fullmatch(name)), "common")
+
+
+def _core_names(source: str) -> list:
+    """The CG_CORE and CG_PLAN functions `source` declares or defines."""
+    return _CORE_NAME.findall(source)
+
+
+def core_parts(core: str, declared, spec: ConvSpec) -> tuple:
+    """The sources of the parts of the core source `core` that define the functions `declared` (and
+    the common part): each the whole source with the other parts' functions left declarations, so it
+    compiles only its own. ValueError if `core` lacks a declared function."""
+    defined = set(_core_names(core))
+    missing = set(declared) - defined
+    if missing:
+        raise ValueError(f"the core object of {spec} would not define {', '.join(sorted(missing))}, which its "
+                         "window module declares")
+    needed = ["common"] + [part for part in CORE_PARTS if any(core_part(name) == part for name in declared)]
+    return tuple(_declarations_only(core, keep=part) for part in needed)
+
+
+def _declarations_only(source: str, keep: str | None = None) -> str:
     """`source` with the body of every `CG_CORE` and `CG_PLAN` function replaced by a semicolon: a
-    declaration of the function the core object defines."""
-    declared, count = _CORE_FUNCTION.subn(lambda m: m.group(1) + ";  /* in the core object */\n", source)
+    declaration of the function the core object defines; with `keep`, those of the core part `keep`
+    stay whole (the source of that part)."""
+    def declare(match):
+        if keep is not None and core_part(_CORE_NAME.match(match.group(0)).group(1)) == keep:
+            return match.group(0)
+        return match.group(1) + (";  /* in the core object */\n" if keep is None else ";  /* in another part */\n")
+    declared, count = _CORE_FUNCTION.subn(declare, source)
     if count != len(re.findall(r"^(?:CG_CORE|CG_PLAN) ", source, re.M)):
         raise ValueError("a CG_CORE function or CG_PLAN function in the templates is not written as its declarator, "
                          "then its body between braces alone on their own lines")

@@ -63,7 +63,7 @@ class Toolchain:
     def module_cflags(self, rendered: Rendered) -> tuple[str, ...]:
         """The flags `rendered`'s own code compiles with: window_cflags for a split module's (the
         core object it links takes cflags), cflags for a whole module."""
-        if rendered.core is not None and self.window_cflags is not None:
+        if rendered.cores and self.window_cflags is not None:
             return self.window_cflags
         return self.cflags
 
@@ -228,25 +228,25 @@ def build_interface_object(name: str, rendered: Rendered, toolchain: Toolchain, 
 
 
 def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path,
-                 core: Callable[[], Path] | None = None, interface: Callable[[], Path] | None = None) -> Path:
+                 cores: tuple[Callable[[], Path], ...] = (), interface: Callable[[], Path] | None = None) -> Path:
     """Compile `rendered` inside build_dir; return the .so path.
 
     With `interface`, a function that returns the path of its interface object (compiling it if need
     be), the module is importable as `interface_module_name(rendered)` and its entry points go by
     their interface names (`abi.interface_symbol`), as the runtime builds every module; without, it
     carries a wrapper of its own and is importable as `module_name`, its entry points under their
-    own names. A split module (`rendered.core` set) takes `core`, a function that returns the path of
-    its core object. Both are called while the module's own code compiles, so the compiles run side
-    by side, and the objects are linked in after.
+    own names. A split module (`rendered.cores` set) takes `cores`, for each part of its core object a
+    function that returns the path of that part's object. All are called while the module's own code
+    compiles, so the compiles run side by side, and the objects are linked in after.
     """
     check_sanitizer_runtime(toolchain.cflags)  # flags may come from configure(), not only the environment
     c_path = build_dir / f"{module_name}.c"
     so_path = build_dir / f"{module_name}{extension_suffix()}"
-    if rendered.core is not None and core is None:
-        raise ValueError(f"the module of {rendered.spec} links a core object: pass `core`")
+    if len(cores) != len(rendered.cores):
+        raise ValueError(f"the module of {rendered.spec} links {len(rendered.cores)} core objects: pass as many `cores`")
     if interface is None:
         write_wrapper(module_name, rendered, c_path)
-        if rendered.core is None:
+        if not rendered.cores:
             _run_compiler(compile_command(toolchain, rendered, c_path, so_path), toolchain, rendered, so_path,
                           "kernels")
             return so_path
@@ -257,7 +257,7 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     process = _start(command, toolchain)
     try:
         # (on a first call both may be missing from the cache: they compile side by side too)
-        makers = [make for make in (interface, core if rendered.core is not None else None) if make is not None]
+        makers = [make for make in (interface, *cores) if make is not None]
         with concurrent.futures.ThreadPoolExecutor(max(1, len(makers))) as pool:
             shared = list(pool.map(lambda make: make(), makers))
     except BaseException:
@@ -270,12 +270,13 @@ def build_module(module_name: str, rendered: Rendered, toolchain: Toolchain, bui
     return so_path
 
 
-def build_core_object(name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:
-    """Compile the core source of the split module `rendered` as the object `name`.o inside build_dir."""
+def build_core_object(name: str, rendered: Rendered, source: str, toolchain: Toolchain, build_dir: Path) -> Path:
+    """Compile `source`, a part of the core object of the split module `rendered`, as the object
+    `name`.o inside build_dir."""
     check_sanitizer_runtime(toolchain.cflags)
     c_path = build_dir / f"{name}.c"
     o_path = build_dir / f"{name}.o"
-    c_path.write_text(rendered.core)
+    c_path.write_text(source)
     _run_compiler(object_command(toolchain, rendered, c_path, o_path, core=True), toolchain, rendered,
                   o_path, "the core object")
     return o_path

@@ -113,14 +113,15 @@ class Kernels:
         """Load the module of `rendered`, compiling it if the cache lacks it; True if compiled now. The
         compile runs outside the process-wide lock, so different modules build in parallel; the
         cache's file lock makes concurrent requests for the same module compile it once. A module
-        links its interface object, and a split module its core object, each built first if the
-        cache lacks it."""
+        links its interface object, and a split module the parts of its core object, each built first
+        if the cache lacks it."""
         toolchain = self.settings.toolchain
 
         def build(name, build_dir):
-            core = None if rendered.core is None else functools.partial(_core_object, rendered, toolchain, build_dir)
+            cores = tuple(functools.partial(_core_object, rendered, source, toolchain, build_dir)
+                          for source in rendered.cores)
             interface = functools.partial(_interface_object, rendered, toolchain, build_dir)
-            return build_module(name, rendered, toolchain, build_dir, core, interface)
+            return build_module(name, rendered, toolchain, build_dir, cores, interface)
 
         module, built = load_or_build(cache_key(rendered, toolchain), build, interface_module_name(rendered))
         self._register(module, rendered)
@@ -361,7 +362,7 @@ def set_num_threads(n: int) -> None:
 
 
 def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
-    return module_key(rendered.source, rendered.core or "", rendered.cdef, toolchain.compiler, toolchain.version,
+    return module_key(rendered.source, *rendered.cores, rendered.cdef, toolchain.compiler, toolchain.version,
                       " ".join(toolchain.cflags), " ".join(toolchain.module_cflags(rendered)),
                       repr(rendered.schedule), __version__, python_abi(), platform.machine(),
                       interface_key(rendered, toolchain))
@@ -382,17 +383,18 @@ def _interface_object(rendered: Rendered, toolchain: Toolchain, into):
                        prefix=INTERFACE_PREFIX)
 
 
-def core_key(rendered: Rendered, toolchain: Toolchain) -> str:
-    """Hash of everything that changes the core object a split module links."""
-    return module_key("core object", rendered.core, toolchain.compiler, toolchain.version, " ".join(toolchain.cflags),
+def core_key(source: str, rendered: Rendered, toolchain: Toolchain) -> str:
+    """Hash of everything that changes the part `source` of the core object the split module
+    `rendered` links."""
+    return module_key("core object", source, toolchain.compiler, toolchain.version, " ".join(toolchain.cflags),
                       repr(rendered.schedule), __version__, python_abi(), platform.machine())
 
 
-def _core_object(rendered: Rendered, toolchain: Toolchain, into):
-    """A checked copy, in the directory `into`, of the core object the split module `rendered` links,
-    built first if the cache lacks it."""
-    return core_object(core_key(rendered, toolchain),
-                       lambda name, build_dir: build_core_object(name, rendered, toolchain, build_dir), into)
+def _core_object(rendered: Rendered, source: str, toolchain: Toolchain, into):
+    """A checked copy, in the directory `into`, of the object of the part `source` of the core object
+    the split module `rendered` links, built first if the cache lacks it."""
+    return core_object(core_key(source, rendered, toolchain),
+                       lambda name, build_dir: build_core_object(name, rendered, source, toolchain, build_dir), into)
 
 
 @functools.lru_cache(maxsize=64)
