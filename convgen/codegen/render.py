@@ -264,15 +264,14 @@ def render(spec: ConvSpec, schedule: Schedule, templates=None, ops=None, split: 
 # A core function as the templates write it: `CG_CORE` (or `CG_PLAN`) and its declarator at the start
 # of a line, the body's braces alone on their own lines, at the start.
 _CORE_FUNCTION = re.compile(r"^((?:CG_CORE|CG_PLAN) [^;{}]*?\))\n\{\n.*?\n\}\n", re.S | re.M)
-
-
+# ... and its name, declared or defined.
 _CORE_NAME = re.compile(r"^(?:CG_CORE|CG_PLAN) [^;{}(]*?\b(\w+)\(", re.M)
 
 # The parts the core object is compiled in besides the common part, by the names of their functions:
 # the weight gradient's kernels. Every other CG_CORE and CG_PLAN function (the micro-kernels, the pixel
 # rows of the forward pass and the input gradient, packing, the workspace, the plans) is in the common
-# part, which every split module links. (A part of its own for the pixel rows as well measured no
-# faster a first call on 2 cores, and each part parses the whole core source again.)
+# part, which every split module links. (A third part for the pixel rows made no first forward call
+# faster on 2 cores, where four compiles then share them, and each part parses the whole core source.)
 CORE_PARTS = {
     "dw": re.compile(r"dw_\w+|dy_rows|rows_inside|rows_box_sum_\d+|rows_gemm_add_\d+"),
 }
