@@ -239,16 +239,23 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
     # Everything the declared core functions reach (functions, types, tables, variables) is as the
     # window's build has it, in the part that defines it.
     owner = {function: index for index, names in enumerate(defined) for function in names}
-    reached, todo = set(), [(name, owner[name]) for name in declared]
-    while todo:
-        name, index = todo.pop()
-        core = parts[index]
-        # (not through another part's declaration of its function: the part that defines it is followed)
-        if (name, index) not in reached and name in core and not is_prototype(core[name]):
-            reached.add((name, index))
-            assert name in whole and unit_text(core[name]) == unit_text(whole[name]), \
-                f"{name} differs between part {part_names[index]} of the core object and the {spec} build"
-            todo += [(used, owner.get(used, index)) for used in core[name].uses]
+
+    def reach(names):
+        """{(name, part index)}: what `names` reach in the parts, each function in the part that
+        defines it (not through another part's declaration of it)."""
+        found, todo = set(), [(name, owner[name]) for name in names]
+        while todo:
+            name, index = todo.pop()
+            core = parts[index]
+            if (name, index) not in found and name in core and not is_prototype(core[name]):
+                found.add((name, index))
+                todo += [(used, owner.get(used, index)) for used in core[name].uses]
+        return found
+
+    reached = reach(declared)
+    for name, index in reached:
+        assert name in whole and unit_text(parts[index][name]) == unit_text(whole[name]), \
+            f"{name} differs between part {part_names[index]} of the core object and the {spec} build"
     # The plans are the generic build's (tests/test_work_splits.py checks that both builds plan alike):
     # the common part defines them, the window declares them.
     plans = re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.cores[0], re.M)
@@ -256,7 +263,9 @@ def test_the_core_object_holds_what_the_window_module_would_compile_itself(sched
     assert sorted(re.findall(r"^CG_PLAN [^(]*?\b(\w+)\(", split.source, re.M)) == sorted(plans)
     assert not any(name in window and "{" in window[name].text for name in plans)
     # A file-scope variable has a copy in each unit: none may be used in two of them (the workspace
-    # kept between calls lives with the functions that take and give it back).
+    # kept between calls lives with the functions that take and give it back), whether the window's
+    # kernels or its plans reach it.
+    reached |= reach(plans)
     units = [{name: item for name, item in window.items() if "{" in item.text}]
     units += [{name: item for name, item in part.items() if "{" in item.text and (name, index) in reached}
               for index, part in enumerate(parts)]
