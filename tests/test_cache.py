@@ -2,7 +2,8 @@
 
 Most tests run in a private, empty cache directory. `seed` copies SPEC's module of every op from the
 session's cache (conftest builds it there) into it, so a test can damage or move a real kernel
-without compiling one;
+without compiling one; `seed_linked_objects` copies the objects a module links (its core's parts,
+its interface object), so a test about the module compiles the module alone;
 `tiny_build` compiles a one-function cffi module through convgen.runtime.build for the cache mechanics
 that need a build but not a convolution.
 """
@@ -72,11 +73,44 @@ def core_paths(spec, directory):
 
 
 def seed_core(spec, directory):
-    """Copy the objects (and digests) of `spec`'s core from the session's cache into `directory`."""
+    """Copy the objects (and digests) of `spec`'s core that the session's cache holds into
+    `directory`; returns the core's parts in `directory`, as `core_paths`."""
     for parts in zip(core_paths(spec, SESSION_CACHE), core_paths(spec, directory)):
         for source, target in zip(*parts):
-            shutil.copyfile(source, target)
+            if source.exists():
+                shutil.copyfile(source, target)
     return core_paths(spec, directory)
+
+
+def seed_every_core(directory):
+    """Copy every core object (and digest) of the session's cache into `directory`."""
+    for source in SESSION_CACHE.glob(f"{cache.CORE_PREFIX}*"):
+        if source.suffix in (".o", ".sha256"):
+            shutil.copyfile(source, directory / source.name)
+
+
+def interface_paths(spec, directory):
+    """The interface object (and its digest) that `spec`'s module of every op links, in `directory`."""
+    active = kernels.settings()
+    rendered = render.render(spec, active.schedule(), split=True)
+    name = cache.INTERFACE_PREFIX + kernels.interface_key(rendered, active.toolchain)[:32]
+    return directory / f"{name}.o", directory / f"{name}.sha256"
+
+
+def seed_interface(spec, directory):
+    """Copy the interface object (and digest) of `spec`'s module of every op from the session's cache
+    into `directory`, if the session has built it."""
+    for source, target in zip(interface_paths(spec, SESSION_CACHE), interface_paths(spec, directory)):
+        if source.exists():
+            shutil.copyfile(source, target)
+
+
+def seed_linked_objects(spec, directory):
+    """Copy the objects `spec`'s module of every op links (the parts of its core, its interface object)
+    from the session's cache into `directory`, those the session has built: a test about the module
+    then compiles the module alone. Returns the core's parts in `directory`, as `core_paths`."""
+    seed_interface(spec, directory)
+    return seed_core(spec, directory)
 
 
 def load(spec):
@@ -196,6 +230,7 @@ def test_symlink_to_a_permissive_dir_is_refused(tmp_path, monkeypatch):
                                     "digest-missing", "digest-wrong"])
 def test_damaged_module_is_rebuilt_with_a_warning(private_cache, imports, damage):
     so_path, digest_path = seed(SPEC, private_cache)
+    seed_linked_objects(SPEC, private_cache)
     data = so_path.read_bytes()
     if damage == "truncated":
         so_path.write_bytes(data[: len(data) // 3])
@@ -229,6 +264,7 @@ def test_module_file_others_could_have_written_is_rebuilt(private_cache, imports
     """A module file not private to this user is never imported, even in a private directory
     (it could have been planted while the directory was open to others)."""
     so_path, digest_path = seed(SPEC, private_cache)
+    seed_linked_objects(SPEC, private_cache)
     if planted == "other-writable":
         os.chmod(so_path, 0o646)
     elif planted == "group-writable-digest":
@@ -246,7 +282,7 @@ def test_module_file_others_could_have_written_is_rebuilt(private_cache, imports
 def test_damaged_or_foreign_core_object_is_rebuilt_with_a_warning(private_cache, damage):
     """A window module links a checked copy of its core object: one that does not match its digest,
     or that others could have written, is rebuilt, never linked."""
-    o_path, digest_path = seed_core(SPEC, private_cache)[0]
+    o_path, digest_path = seed_linked_objects(SPEC, private_cache)[0]
     if damage == "truncated":
         o_path.write_bytes(o_path.read_bytes()[:1000])
     elif damage == "digest-wrong":
@@ -264,6 +300,7 @@ def test_windows_of_one_dtype_layout_and_schedule_share_one_core_object(private_
     """The first window module builds the core object's parts; the next window's links the same ones."""
     other = ConvSpec(Window(3, 2, 1), SPEC.dtype, SPEC.layout)
     parts = core_paths(SPEC, private_cache)
+    seed_interface(SPEC, private_cache)  # (the modules compile, and the core's parts)
     assert core_paths(other, private_cache) == parts and len(parts) == 2  # the common part, the weight gradient's
     assert load(SPEC)[1]
     assert len(list(private_cache.glob(f"{cache.CORE_PREFIX}*.o"))) == 2
@@ -287,6 +324,7 @@ def test_modules_of_one_dtype_build_and_ops_share_one_interface_object(private_c
     first module compiles it; a module of other ops, or of the generic build, links its own."""
     direct, strided = ConvSpec(Window(3, 2, 1), "float64", "NCHW"), ConvSpec(Window(5, 1, 2), "float64", "NCHW")
     depthwise = ConvSpec(Window(3, 1, 1), "float64", "NCHW", "depthwise")
+    seed_core(direct, private_cache)  # (the modules compile, and their interface object)
     assert load(direct)[1]
     assert len(interface_objects(private_cache)) == 1
     before = interface_objects(private_cache)[0].stat().st_mtime_ns
@@ -315,6 +353,7 @@ def test_modules_of_one_dtype_build_and_ops_share_one_interface_object(private_c
 
 def test_a_module_keeps_its_entry_points_names_for_cache_list(private_cache):
     """Renamed for the interface object, a module's entry points still name it in its binary."""
+    seed_linked_objects(SPEC, private_cache)
     assert load(SPEC)[1]
     data = module_paths(SPEC, private_cache)[0].read_bytes()
     assert all(SPEC.symbol(entry).encode() + b"\0" in data for entry in ("fwd", "bwd_data", "bwd_weight"))
@@ -427,6 +466,7 @@ def test_edited_template_is_rebuilt_never_loaded_stale(private_cache, tmp_path):
     """Copy the templates, edit the copy, and load SPEC with it: the module must be a new build whose
     source has the edit (an old binary could not), beside the old module."""
     seed(SPEC, private_cache)
+    seed_linked_objects(SPEC, private_cache)
     original, built = load(SPEC)
     assert not built
     edited = tmp_path / "templates"
@@ -447,7 +487,7 @@ def test_edited_core_function_rebuilds_the_core_and_the_module(private_cache, tm
     object: the module's key covers the core source, so it is rebuilt, linked with a new object of the
     core's part that holds the function (the common part), and the other parts' objects as they were."""
     seed(SPEC, private_cache)
-    parts = seed_core(SPEC, private_cache)
+    parts = seed_linked_objects(SPEC, private_cache)
     original, built = load(SPEC)
     assert not built
     edited = tmp_path / "templates"
@@ -736,6 +776,7 @@ def test_a_call_compiles_only_the_modules_of_its_op(private_cache, monkeypatch):
     x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
     modules = lambda: sorted(private_cache.glob(f"*{build.extension_suffix()}"))  # noqa: E731
     assert kernels.settings().modules == "per-op"
+    seed_core(SPEC, private_cache)  # (the per-op modules link the parts of the core the whole one does)
     y = convgen.conv2d(x, w)
     assert len(modules()) == 1
     dx, dw, _ = convgen.conv2d_backward(np.ones_like(y), x, w)
@@ -750,6 +791,7 @@ def test_a_call_compiles_only_the_modules_of_its_op(private_cache, monkeypatch):
 def test_a_module_of_every_op_serves_every_op(private_cache):
     """build_all (what `convgen build` runs) compiles one module of every op; the calls after it, in a
     new process as here after reset(), load that module and compile nothing."""
+    seed_linked_objects(SPEC, private_cache)
     assert kernels.build_all([SPEC])[SPEC] == "built"
     kernels.reset()
     rng = np.random.default_rng(2)
@@ -766,6 +808,7 @@ def test_whole_modules_compile_every_op_on_the_first_call(private_cache, monkeyp
     every op, and the other ops' calls compile nothing more."""
     monkeypatch.setenv("CONVGEN_MODULES", "whole")
     kernels.reset()
+    seed_linked_objects(SPEC, private_cache)
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((4, 3, 1, 1))
     y = convgen.conv2d(x, w)
@@ -807,6 +850,7 @@ def test_modules_of_one_op_compute_every_op(private_cache, family, layout):
     kw = dict(padding=1, groups=groups, layout=layout, algorithm=family)
     xl, wl = to_layout(x, w, layout)
     ref = dict(padding=1, groups=groups, layout=layout)
+    seed_every_core(private_cache)
     with convgen.configure(modules="per-op"):
         y = convgen.conv2d(xl, wl, **kw)
         dy = rng.standard_normal(y.shape)
