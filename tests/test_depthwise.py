@@ -9,6 +9,8 @@ large enough to be prefetched. Also: which family the planner picks, adjoint ide
 gradients, the same bits on 1, 2 and 3 threads, the spec's text and the spec files.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -95,7 +97,9 @@ ODD_SIZES = [
     (1, 2, 18, 1, 1, Window(3, 1, 1)),     # one column
     (1, 20, 4, 25, 1, Window(3, 1, 1)),    # NHWC forward straight from x: 20 channels, one vector and a part
     (2, 17, 5, 39, 1, Window(3, 2, 1)),    # the same at stride 2, both right-border residues (w 39, 38 below)
-    (1, 18, 3, 38, 1, Window(3, 2, 1)),
+    (1, 18, 3, 38, 1, Window(3, 2, 1)),    # (block-major; pixel-major where the schedule says few channels are)
+    (1, 132, 4, 25, 1, Window(3, 1, 1)),   # ... block-major on every ISA: more than 512 bytes of channels a pixel
+    (2, 136, 5, 39, 1, Window(3, 2, 1)),
     (1, 20, 3, 2, 1, Window(3, 1, 1)),     # NHWC pixel-major (narrow rows): no interior column, every tap checked
     (2, 17, 4, 12, 1, Window(3, 2, 1)),    # ... at stride 2, the right-border residue the 13-wide grid rows miss
 ]
@@ -180,31 +184,35 @@ def test_nhwc_forward_of_an_input_off_a_cache_line(c, window, dtype):
     start from the first channel whose vectors are aligned in x, after a first block that overlaps
     them (8 vectors); at stride 1 with 1 or 2 vectors, the interior pixels of a row run as one run of
     reals, vectors across pixels. With 9 vectors plus a fraction of one they cannot, and run from
-    channel 0."""
+    channel 0. (The block-major path on every ISA: AVX2's schedule reads so few channels pixel-major.)"""
     dtype = np.dtype(dtype)
     lanes = settings().schedule().vector_bytes // dtype.itemsize
     c = c * lanes + (lanes // 2 if c == 9 else 0)
     x, weight, bias = _arrays(seeded_rng("depthwise-lines", c, dtype), 2, c, 4, 41, 1, window, "NHWC", dtype)
     kw = _window_kwargs(window, c, "NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
-    for offset in range(0, 64, dtype.itemsize):
-        y = at_line_offset(np.zeros(expected.shape, dtype), (offset * 5) % 64)
-        convgen.conv2d(at_line_offset(x, offset), weight, bias, out=y, **kw, **DEPTHWISE)
-        assert_close(y, expected, dtype, f"x {offset} bytes past a line")
+    with convgen.configure(depthwise_pixel_major_bytes=0):
+        for offset in range(0, 64, dtype.itemsize):
+            y = at_line_offset(np.zeros(expected.shape, dtype), (offset * 5) % 64)
+            convgen.conv2d(at_line_offset(x, offset), weight, bias, out=y, **kw, **DEPTHWISE)
+            assert_close(y, expected, dtype, f"x {offset} bytes past a line")
 
 
 @pytest.mark.parametrize("c", [40, 72])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_forward_of_an_input_past_the_caches(layout, c, threads):
     """An input of more than 1 MiB: the forward pass prefetches each next work item's input. NHWC
-    with 72 channels computes row after row, with 40 (fewer than 4 vectors) block after block."""
+    with 72 channels computes row after row, with 40 (fewer than 4 vectors) block after block (the
+    block-major path on every ISA)."""
     window = Window(3, 1, 1)
     x, weight, bias = _arrays(seeded_rng("depthwise-large", layout), 2, c, 60, 61, 1, window, layout, np.float32)
     kw = _window_kwargs(window, c, layout)
     expected = reference.conv2d(x, weight, bias, **kw)
-    for count in (1, 2):
-        threads(count)
-        assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
+    block_major = convgen.configure(depthwise_pixel_major_bytes=0) if layout == "NHWC" else contextlib.nullcontext()
+    with block_major:
+        for count in (1, 2):
+            threads(count)
+            assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32, f"{count} threads")
 
 
 @pytest.mark.parametrize("c", [40, 80])
@@ -221,7 +229,7 @@ def test_nhwc_forward_of_an_output_past_the_caches(threads, c):
     kw = _window_kwargs(window, c, "NHWC")
     expected = reference.conv2d(x, weight, bias, **kw)
     assert x.nbytes + expected.nbytes > stream_bytes
-    with convgen.configure(depthwise_stream_bytes=stream_bytes):
+    with convgen.configure(depthwise_stream_bytes=stream_bytes, depthwise_pixel_major_bytes=0):  # (block-major)
         for count in (1, 2):
             threads(count)
             assert_close(convgen.conv2d(x, weight, bias, **kw, **DEPTHWISE), expected, np.float32,
@@ -250,11 +258,12 @@ def test_nhwc_input_gradient_as_the_forward_pass_of_dy(window, dtype, threads):
         extra = kernels_for(problem, True, "depthwise").workspace_bytes("bwd_data", problem, 1) \
             - kernels_for(problem, True, "depthwise").workspace_bytes("fwd", problem, 1)
         assert 0 < extra <= (kh * kw * c + 16) * dtype.itemsize, extra
-        for stream_bytes in (0, 1 << 12):
-            with convgen.configure(depthwise_stream_bytes=stream_bytes):
+        # the schedule's own path (AVX2: pixel-major), then block-major rows streamed past the caches
+        for schedule in ({}, dict(depthwise_stream_bytes=1 << 12, depthwise_pixel_major_bytes=0)):
+            with convgen.configure(**schedule):
                 for count in (1, 2):
                     threads(count)
-                    where = f"{c} channels, {count} threads, stream_bytes {stream_bytes}"
+                    where = f"{c} channels, {count} threads, schedule {schedule}"
                     dx = convgen.conv2d_backward(dy, x, weight, **kwargs, **DEPTHWISE)[0]
                     assert_close(dx, expected_dx, dtype, f"dx, {where}")
                     t = convgen.conv_transpose2d(dy, weight, bias, **kwargs, **DEPTHWISE)

@@ -195,9 +195,10 @@ def test_depthwise_on_every_isa(isa, window, dtype, layout):
 def test_depthwise_nhwc_forward_off_a_cache_line_on_every_isa(isa):
     """The NHWC depthwise forward pass aligns its vectors to their own size (blocks from the first
     aligned channel; at 1 or 2 vectors of channels, runs across pixels): x at every offset from a
-    64-byte line, with the ISA's vector width."""
+    64-byte line, with the ISA's vector width (the block-major path, which AVX2's schedule leaves to
+    the pixel-major one for so few channels)."""
     window, dtype = DEPTHWISE_ON_EVERY_ISA[0]
-    with convgen.configure(isa=isa):
+    with convgen.configure(isa=isa, depthwise_pixel_major_bytes=0):
         lanes = settings().schedule().vector_bytes // np.dtype(dtype).itemsize
         for c in (lanes, 2 * lanes, 8 * lanes):
             rng = seeded_rng("isa-dw-lines", isa, c)
@@ -241,3 +242,7 @@ def test_unknown_isa_and_schedule_field_are_refused():
     with pytest.raises(ValueError, match="mr must be a positive int"):
         with convgen.configure(mr=0):
             pass
+    for bad in (-1, True, 512.0):
+        with pytest.raises(ValueError, match="depthwise_pixel_major_bytes must be an int >= 0"):
+            with convgen.configure(depthwise_pixel_major_bytes=bad):
+                pass

@@ -194,6 +194,7 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
                                                   int(schedule.depthwise_vectors)),
                        DW_PIXELS=int(schedule.depthwise_pixels), DW_VECTORS=int(schedule.depthwise_vectors),
                        DW_STREAM_BYTES=int(schedule.depthwise_stream_bytes),
+                       DW_PIXEL_MAJOR_BYTES=int(schedule.depthwise_pixel_major_bytes),
                        DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
     return context
 

@@ -74,6 +74,11 @@ class Schedule:
     # The NHWC depthwise forward pass streams its output past the caches (non-temporal stores) when
     # x and y together take more bytes than this; 0 (get_schedule): the machine's last-level cache.
     depthwise_stream_bytes: int = 0
+    # The NHWC depthwise forward pass of a window of at most 3x3 reads x pixel-major (a few pixels over
+    # every channel at a time) also on rows long enough for its block-major path, when one pixel's
+    # channels take at most this many bytes: there the block-major rows pass over x's lines once per
+    # vector of channels. 0: never (pixel-major on narrow rows only). Measured on AVX2 (the table).
+    depthwise_pixel_major_bytes: int = 0
     # Pixel-row kernels (templates/direct/rows/; every NHWC op, NCHW forward and dx of small
     # images): rows (pixels, or channels in the weight gradient) of a tile 1, 2, ... vectors of
     # channels wide; each call takes the width that wastes the fewest lanes on its channel count. Rows
@@ -153,7 +158,7 @@ _TABLE = {
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
                  dot_columns=3, pixel_rows_nchw_dw_all_windows=False, pixel_rows_nhwc_dx_grouped_pixels=1024,
-                 arch_flags=("-mavx2", "-mfma")),
+                 depthwise_pixel_major_bytes=512, arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
 
@@ -239,6 +244,10 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
     if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
         raise ValueError(f"schedule depthwise_stream_bytes must be an int >= 0 (0: the last-level cache), "
                          f"got {stream!r}")
+    pixel_major = schedule.depthwise_pixel_major_bytes
+    if not isinstance(pixel_major, int) or isinstance(pixel_major, bool) or pixel_major < 0:
+        raise ValueError(f"schedule depthwise_pixel_major_bytes must be an int >= 0 (0: narrow rows only), "
+                         f"got {pixel_major!r}")
     for name in ("pixel_rows", "pixel_rows_dw"):
         rows = getattr(schedule, name)
         if not isinstance(rows, tuple) or not rows or not all(isinstance(r, int) and not isinstance(r, bool)
