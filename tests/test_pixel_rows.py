@@ -15,7 +15,8 @@ and dilations; groups; images smaller than the window; tiles cut by the end of a
 forward pass through padded rows, blocks read in place or not, and tiles across two images; the weight
 gradient split into parts of the pixels, and
 (NHWC, zero padding) read in place with filters or channels in the lanes, its last tiles overlapping
-the ones before, over boxes of whole images or of rows of one. Also:
+the ones before, over boxes of whole images or of rows of one, the lanes' operand copied contiguous
+where a work item has many row blocks. Also:
 the same bits on 1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules,
 the default routing, and that the modules carry the kernels.
 """
@@ -209,6 +210,31 @@ def test_every_thread_count_gives_the_same_bits(case, layout, threads):
                     assert_close(got, one, np.float32, f"{op} {name} on {count} threads")
                 else:
                     np.testing.assert_array_equal(got, one, err_msg=f"{op} {name} on {count} threads")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", [
+    (1, 64, 40, 40, 192, Window((3, 3), 1, 1), 1),   # filters in the lanes, boxes of rows of one image
+    (3, 64, 6, 7, 192, Window((3, 3), 2, 1), 1),     # ... boxes of whole images, at stride 2
+    (1, 32, 30, 30, 200, Window((3, 3), 1, 1), 1),   # channels in the lanes (AVX2), filters as rows
+], ids=_ids)
+def test_nhwc_weight_gradient_in_place_with_its_lanes_copied(case, dtype, threads):
+    """Work items of many row blocks (these layers take 4 or more on AVX2 and AVX-512): each box's
+    lanes' operand (dy, or x with channels in the lanes), cut to the pixels whose tap lies inside the
+    image, is copied contiguous once and read by every row block from there. The reference's dW, and
+    the same bits on 1 and 2 threads."""
+    rng = seeded_rng("pixel rows dW copied lanes", case, dtype)
+    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), layout="NHWC")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
+    results = []
+    for count in (1, 2):
+        threads(count)
+        with convgen.configure(**NATIVE):
+            results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=False)[1])
+        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
+    np.testing.assert_array_equal(results[1], results[0])
 
 
 @pytest.mark.parametrize("count", [1, 2])
