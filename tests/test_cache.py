@@ -68,7 +68,8 @@ def core_paths(spec, directory):
     digest file, in `directory`: the common part first."""
     active = kernels.settings()
     rendered = render.render(spec, active.schedule(), split=True)
-    names = [cache.CORE_PREFIX + kernels.core_key(source, rendered, active.toolchain)[:32] for source in rendered.cores]
+    names = [cache.module_name(kernels.core_key(source, rendered, active.toolchain), cache.CORE_PREFIX)
+             for source in rendered.cores]
     return [(directory / f"{name}.o", directory / f"{name}.sha256") for name in names]
 
 
@@ -93,7 +94,7 @@ def interface_paths(spec, directory):
     """The interface object (and its digest) that `spec`'s module of every op links, in `directory`."""
     active = kernels.settings()
     rendered = render.render(spec, active.schedule(), split=True)
-    name = cache.INTERFACE_PREFIX + kernels.interface_key(rendered, active.toolchain)[:32]
+    name = cache.module_name(kernels.interface_key(rendered, active.toolchain), cache.INTERFACE_PREFIX)
     return directory / f"{name}.o", directory / f"{name}.sha256"
 
 

@@ -234,20 +234,15 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
     if (schedule.winograd_mr == 0) != (schedule.winograd_nr_vectors == 0):
         raise ValueError(f"schedule winograd_mr and winograd_nr_vectors are both 0 (the direct micro-tile) or both "
                          f"set, got {schedule.winograd_mr} and {schedule.winograd_nr_vectors}")
-    grouped = schedule.pixel_rows_nhwc_dx_grouped_pixels
-    if not isinstance(grouped, int) or isinstance(grouped, bool) or grouped < 0:
-        raise ValueError(f"schedule pixel_rows_nhwc_dx_grouped_pixels must be an int >= 0 (0: never), got {grouped!r}")
     if not isinstance(schedule.pixel_rows_nchw_dw_all_windows, bool):
         raise ValueError(f"schedule pixel_rows_nchw_dw_all_windows must be True or False, "
                          f"got {schedule.pixel_rows_nchw_dw_all_windows!r}")
-    stream = schedule.depthwise_stream_bytes
-    if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
-        raise ValueError(f"schedule depthwise_stream_bytes must be an int >= 0 (0: the last-level cache), "
-                         f"got {stream!r}")
-    pixel_major = schedule.depthwise_pixel_major_bytes
-    if not isinstance(pixel_major, int) or isinstance(pixel_major, bool) or pixel_major < 0:
-        raise ValueError(f"schedule depthwise_pixel_major_bytes must be an int >= 0 (0: narrow rows only), "
-                         f"got {pixel_major!r}")
+    for name, zero_means in (("pixel_rows_nhwc_dx_grouped_pixels", "never"),
+                             ("depthwise_stream_bytes", "the last-level cache"),
+                             ("depthwise_pixel_major_bytes", "narrow rows only")):
+        value = getattr(schedule, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"schedule {name} must be an int >= 0 (0: {zero_means}), got {value!r}")
     for name in ("pixel_rows", "pixel_rows_dw"):
         rows = getattr(schedule, name)
         if not isinstance(rows, tuple) or not rows or not all(isinstance(r, int) and not isinstance(r, bool)

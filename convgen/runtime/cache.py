@@ -89,9 +89,11 @@ def module_key(*parts: str) -> str:
     return digest.hexdigest()
 
 
-def module_name(key: str) -> str:
-    # cffi bakes the module name into the binary, so the name carries the key.
-    return MODULE_PREFIX + key[:32]
+def module_name(key: str, prefix: str = MODULE_PREFIX) -> str:
+    """The file name (without suffix) of the module for `key`, or with prefix=CORE_PREFIX or
+    INTERFACE_PREFIX of the object for it. (cffi bakes a module's name into the binary, so the name
+    carries the key.)"""
+    return prefix + key[:32]
 
 
 def file_digest(path: Path) -> str:
@@ -253,7 +255,7 @@ def core_object(key: str, build: Callable[[str, Path], Path], into: Path, prefix
     the lock of the module that links it is held: the locks are always taken module first.
     """
     directory = checked_cache_dir()
-    name = prefix + key[:32]
+    name = module_name(key, prefix)
     path, digest_path, copy = directory / f"{name}.o", directory / f"{name}.sha256", into / f"{name}.o"
 
     def copy_if_sound():
