@@ -4,7 +4,8 @@ reference on the shapes that take it (the broad grids elsewhere pick their shape
 - the NCHW pixel-row forward pass of deep layers on small images, whose threads split the column tiles
   (filters) of one block of pixels, its padded rows copied once for all of them;
 - the weight gradient through panels of several small images in one unit, their pixels one depth,
-  and split by filters when the pixels are fewer than the filters;
+  and split by filters when the pixels are fewer than the filters; in NCHW with a 1x1 window of
+  stride 1 over the whole image, x and dy read where they lie (no phase planes, no dy rows);
 - the NHWC phase planes split 16 channels at a time, every padding mode, and a per-image forward pass
   of small groups that splits an image once for all of its groups;
 - the NHWC forward pass of a 1x1 window over many channels and few filters (pixel rows);
@@ -31,6 +32,10 @@ CASES = {
     # (the pixel rows take the weight gradient of fewer weights: these are 3 x 3 x 64 x 512 and x 480)
     "dW units of several images": (6, 64, 4, 4, 512, 3, 1, 1, 1, 1, "zeros", "NCHW"),
     "dW units of several images, dilated": (5, 64, 7, 7, 480, 3, 1, 1, 2, 1, "zeros", "NCHW"),
+    "nchw 1x1 dW in place, two images a unit": (3, 20, 9, 7, 40, 1, 1, 0, 1, 1, "zeros", "NCHW"),
+    "nchw 1x1 dW in place, grouped": (2, 24, 8, 6, 72, 1, 1, 0, 1, 2, "zeros", "NCHW"),
+    "nchw 1x1 dW in place, pixel blocks": (2, 8, 20, 19, 48, 1, 1, 0, 1, 1, "zeros", "NCHW"),
+    "nchw 1x1 dW in place, split by filters": (1, 16, 6, 6, 96, 1, 1, 0, 1, 1, "zeros", "NCHW"),
     "nhwc small groups, per image": (5, 48, 9, 8, 48, 3, 1, 1, 1, 24, "zeros", "NHWC"),
     "nhwc small groups, strided": (4, 20, 10, 9, 10, 3, 2, 1, 1, 5, "zeros", "NHWC"),
     "nhwc planes in blocks, reflect": (2, 37, 8, 9, 3, 3, 1, 1, 1, 1, "reflect", "NHWC"),
