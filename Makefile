@@ -57,6 +57,7 @@ bench: $(BENCH_INSTALLED)
 	$(PY) bench/overhead.py
 	$(PY) bench/first_call.py
 	$(PY) bench/end_to_end.py
+	$(PY) bench/model_layers.py
 	$(PY) bench/inference.py
 
 # The op tests against kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (own cache

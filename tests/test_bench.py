@@ -602,3 +602,77 @@ def test_overhead_bench_times_each_op_through_python_and_in_c(tmp_path):
         assert through_op > 0 and c_only > 0
     torch_rows = [line for line in report.splitlines() if line.startswith(("| contiguous |", "| channels_last |"))]
     assert len(torch_rows) == 4 and all(row.rstrip().endswith(("(met) |", "(not met) |")) for row in torch_rows)
+
+
+def test_model_layers_bench_times_every_convolution_of_a_step(tmp_path):
+    """bench/model_layers.py --quick on ResNet-18, channels_last training: a row per kind of layer,
+    their calls adding up to the model's 20 convolutions, every pass of both libraries timed (the
+    stem's backward too, whose input takes no gradient), the totals their sums, the step's parts."""
+    out = tmp_path / "model_layers.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "model_layers.py"), "--quick", "--formats", "channels_last",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = out.read_text()
+    assert "CPU: " in report and "## channels_last" in report
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines()
+            if line.startswith("| ") and "->" in line]
+    # ResNet-18's kinds of convolution: 7x7 stem, 3x3 at four widths, three 3x3 and three 1x1 stride 2
+    assert len(rows) == 11 and sum(int(r[1]) for r in rows) == 20
+    assert any(r[0].startswith("7x7 s2 3->64 @64x64") for r in rows)
+    times = [[float(v) for v in (r[2], r[3], r[5], r[6])] for r in rows]
+    assert all(t > 0 for row in times for t in row)
+    total = next(line for line in report.splitlines() if line.startswith("| **every convolution**"))
+    cells = [c.strip() for c in total.strip("|").split("|")]
+    for column, index in ((2, 0), (3, 1), (5, 2), (6, 3)):
+        assert float(cells[column]) == pytest.approx(sum(t[index] for t in times), abs=0.01 * len(rows))
+    assert "| step |" in report and "| the rest (step minus convolutions) |" in report
+
+
+def test_model_layers_clock_times_a_modules_own_backward_node():
+    """The clock's windows: a convolution whose forward pass sleeps 20 ms and whose backward node
+    sleeps 30 ms, beside a branch whose backward sleeps 50 ms (run by the engine between the sum's
+    gradient and the convolution's node, or after it): forward about 20 ms, backward about 30 ms,
+    neither counting the branch."""
+    import time
+    import torch
+    sys.path.insert(0, str(BENCH))
+    try:
+        from model_layers import LayerClock
+    finally:
+        sys.path.remove(str(BENCH))
+
+    class Sleepy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, seconds):
+            ctx.seconds = seconds
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(ctx.seconds)
+            return grad, None
+
+    class SlowConv(torch.nn.Conv2d):
+        def forward(self, x):
+            time.sleep(0.02)
+            return Sleepy.apply(super().forward(x), 0.03)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = SlowConv(2, 2, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x) + Sleepy.apply(x * 2, 0.05)
+
+    model = Model()
+    clock = LayerClock(model, backward=True)
+    clock.running = True
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    for _ in range(2):
+        model(x).sum().backward()
+    clock.remove()
+    (group,) = {g for g, _ in clock.seconds}
+    assert group == "3x3 2->2 @5x5" and clock.calls[group] == 2
+    assert 0.04 <= clock.seconds[(group, "forward")] < 0.08
+    assert 0.06 <= clock.seconds[(group, "backward")] < 0.1
