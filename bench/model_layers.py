@@ -2,17 +2,18 @@
 the same model converted with `convgen.torch.convert`.
 
     python bench/model_layers.py [--model resnet18] [--formats channels_last] [--mode training]
-    python bench/model_layers.py --quick        # small images, one round: seconds
+    python bench/model_layers.py --quick        # small images, two rounds: seconds
 
 Layers timed alone in a loop are not layers in a model: there the inputs come cold from the layer
 before, the weights change between steps and the allocator hands out other memory. On ResNet-18's
-training step (Zen 3, channels_last) PyTorch's convolutions took 1.4x longer timed alone in a loop
-than inside the model, convgen's about the same, so a lead measured layer by layer vanished in the
-model. This bench times each convolution module where it runs: hooks read the clock before and
-after its forward pass and its backward pass (see `LayerClock`), in both models, the steps alternated; the layers are grouped by what they compute (shapes, stride,
-padding, groups). The steps are timed whole as well (the hooks cost microseconds); "rest" is a
-step minus its convolutions: the layers both libraries share (BatchNorm, activations, pooling), the
-loss and autograd. Writes bench/results/model_layers.md, naming the CPU.
+channels_last training step (Zen 3) convgen's convolutions timed one by one summed to 1.4x
+PyTorch's, inside the model to 1.04-1.15x: PyTorch's ran up to twice as fast in the model as alone,
+convgen's about the same. This bench times each convolution module where it runs: hooks read the
+clock before and after its forward pass and its backward pass (see `LayerClock`), in both models,
+the steps alternated; the layers are grouped by what they compute (window, stride, padding,
+dilation, groups, channels, input size). The steps are timed whole as well (the hooks cost
+microseconds); "rest" is a step minus its convolutions: the layers both libraries share (BatchNorm,
+activations, pooling), the loss and autograd. Writes bench/results/model_layers.md, naming the CPU.
 """
 
 from __future__ import annotations
@@ -39,13 +40,25 @@ CONVOLUTIONS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Conv
 
 
 def describe(module: torch.nn.Module, x: torch.Tensor) -> str:
-    """What a convolution module computes on x: the layer's group in the table."""
+    """What a convolution module computes on x, its group in the table: window, stride, padding,
+    dilation and groups (the last three where they are not 1, 0 and 1), channels and input size."""
+    def text(values) -> str:
+        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
+        return str(values[0]) if len(set(values)) == 1 else "x".join(map(str, values))
+
     kind = "transposed " if isinstance(module, torch.nn.ConvTranspose2d) else ""
-    kernel = "x".join(map(str, module.kernel_size))
+    parts = ["x".join(map(str, module.kernel_size))]
+    if max(module.stride) > 1:
+        parts.append("s" + text(module.stride))
+    padding = module.padding
+    if isinstance(padding, str) or any(padding):
+        parts.append("p" + (padding if isinstance(padding, str) else text(padding)))
+    if max(module.dilation) > 1:
+        parts.append("d" + text(module.dilation))
+    if module.groups > 1:
+        parts.append(f"g{module.groups}")
     size = "x".join(map(str, x.shape[2:]))
-    extra = "".join([f" s{module.stride[0]}" if max(module.stride) > 1 else "",
-                     f" g{module.groups}" if module.groups > 1 else ""])
-    return f"{kind}{kernel}{extra} {module.in_channels}->{module.out_channels} @{size}"
+    return f"{kind}{' '.join(parts)} {module.in_channels}->{module.out_channels} @{size}"
 
 
 class LayerClock:
@@ -176,8 +189,10 @@ def table(result: dict) -> list[str]:
     step = result["step"]
     convs = {library: sum(totals[(library, which)] for which in passes) for library in ("torch", "convgen")}
     rest = {library: step[library] - convs[library] for library in convs}
-    lines += ["", "| the whole step (the same steps) | PyTorch (ms) | convgen (ms) | speedup |", "| --- | ---: | ---: | ---: |",
-              f"| step | {step['torch'] * 1e3:.1f} | {step['convgen'] * 1e3:.1f} | {_ratio(step['torch'], step['convgen'])} |",
+    lines += ["", "| the whole step (the same steps) | PyTorch (ms) | convgen (ms) | speedup |",
+              "| --- | ---: | ---: | ---: |",
+              f"| step | {step['torch'] * 1e3:.1f} | {step['convgen'] * 1e3:.1f} | "
+              f"{_ratio(step['torch'], step['convgen'])} |",
               f"| its convolutions (hooks above) | {convs['torch'] * 1e3:.1f} | {convs['convgen'] * 1e3:.1f} | "
               f"{_ratio(convs['torch'], convs['convgen'])} |",
               f"| the rest (step minus convolutions) | {rest['torch'] * 1e3:.1f} | {rest['convgen'] * 1e3:.1f} | "

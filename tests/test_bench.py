@@ -618,7 +618,7 @@ def test_model_layers_bench_times_every_convolution_of_a_step(tmp_path):
             if line.startswith("| ") and "->" in line]
     # ResNet-18's kinds of convolution: 7x7 stem, 3x3 at four widths, three 3x3 and three 1x1 stride 2
     assert len(rows) == 11 and sum(int(r[1]) for r in rows) == 20
-    assert any(r[0].startswith("7x7 s2 3->64 @64x64") for r in rows)
+    assert any(r[0] == "7x7 s2 p3 3->64 @64x64" for r in rows)
     times = [[float(v) for v in (r[2], r[3], r[5], r[6])] for r in rows]
     assert all(t > 0 for row in times for t in row)
     total = next(line for line in report.splitlines() if line.startswith("| **every convolution**"))
@@ -673,6 +673,6 @@ def test_model_layers_clock_times_a_modules_own_backward_node():
         model(x).sum().backward()
     clock.remove()
     (group,) = {g for g, _ in clock.seconds}
-    assert group == "3x3 2->2 @5x5" and clock.calls[group] == 2
+    assert group == "3x3 p1 2->2 @5x5" and clock.calls[group] == 2
     assert 0.04 <= clock.seconds[(group, "forward")] < 0.08
     assert 0.06 <= clock.seconds[(group, "backward")] < 0.1
