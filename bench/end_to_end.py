@@ -84,18 +84,25 @@ def _timed(call) -> float:
     return time.perf_counter() - start
 
 
-def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int,
-             accuracy_inputs: int = ACCURACY_INPUTS) -> dict:
+def build_models(name: str, fmt: str, training: bool):
+    """(PyTorch's model, its copy converted with `convgen.torch.convert`, the conversion's report), in
+    the memory format (PyTorch's recipe: the model and its inputs), in training or eval mode."""
     torch.manual_seed(0)
-    reference = MODELS[name]().to(memory_format=FORMATS[fmt])  # PyTorch's recipe: the model and its inputs
+    reference = MODELS[name]().to(memory_format=FORMATS[fmt])
     # BatchNorm statistics away from 0 and 1, as a trained model's (a fresh one's are exactly those)
     for module in reference.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.uniform_(-0.5, 0.5)
             module.running_var.uniform_(0.5, 2.0)
-    reference.train(mode == "training")
+    reference.train(training)
     converted = copy.deepcopy(reference)
     report = cgt.convert(converted)
+    return reference, converted, report
+
+
+def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int,
+             accuracy_inputs: int = ACCURACY_INPUTS) -> dict:
+    reference, converted, report = build_models(name, fmt, mode == "training")
     x = torch.randn(batch, 3, size, size).to(memory_format=FORMATS[fmt])
     row = dict(model=name, format=fmt, mode=mode, batch=batch, size=size, swapped=len(report.swapped),
                convolutions=convolutions(reference))

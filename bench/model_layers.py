@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import convgen.torch as cgt  # noqa: E402
-from end_to_end import FORMATS, instruction_sets  # noqa: E402
+from end_to_end import FORMATS, _loss, build_models, instruction_sets  # noqa: E402
 from models import MODELS  # noqa: E402
 from peak import cpu_model  # noqa: E402
 
@@ -107,30 +105,15 @@ class LayerClock:
             handle.remove()
 
 
-def build(name: str, fmt: str, training: bool):
-    """PyTorch's model (BatchNorm statistics away from 0 and 1, as a trained model's) and its
-    converted copy, in the memory format, in training or eval mode."""
-    torch.manual_seed(0)
-    reference = MODELS[name]().to(memory_format=FORMATS[fmt])
-    for module in reference.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.uniform_(-0.5, 0.5)
-            module.running_var.uniform_(0.5, 2.0)
-    reference.train(training)
-    converted = copy.deepcopy(reference)
-    cgt.convert(converted)
-    return reference, converted
-
-
 def measure(name: str, fmt: str, mode: str, batch: int, size: int, rounds: int, steps: int) -> dict:
     training = mode == "training"
-    models = dict(zip(("torch", "convgen"), build(name, fmt, training)))
+    models = dict(zip(("torch", "convgen"), build_models(name, fmt, training)[:2]))
     x = torch.randn(batch, 3, size, size).to(memory_format=FORMATS[fmt])
 
     def step(model):
         if training:
             model.zero_grad(set_to_none=True)
-            model(x).square().mean().backward()
+            _loss(model(x)).backward()
         else:
             with torch.inference_mode():
                 model(x)
