@@ -16,7 +16,7 @@ forward pass through padded rows, blocks read in place or not, and tiles across 
 gradient split into parts of the pixels, and
 (NHWC, zero padding) read in place with filters or channels in the lanes, its last tiles overlapping
 the ones before, over boxes of whole images or of rows of one, the lanes' operand copied contiguous
-where a work item has many row blocks. Also:
+where a work item has many row blocks, and work items of every lane tile over a share of the rows. Also:
 the same bits on 1, 2 and 3 threads, the plain-loop micro-kernels, the AVX2 and portable schedules,
 the default routing, and that the modules carry the kernels.
 """
@@ -235,6 +235,33 @@ def test_nhwc_weight_gradient_in_place_with_its_lanes_copied(case, dtype, thread
             results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=False)[1])
         assert_close(results[-1], expected, dtype, f"dw on {count} threads")
     np.testing.assert_array_equal(results[1], results[0])
+
+
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", [
+    (2, 16, 27, 29, 96, Window((1, 1), 1, 0), 1),    # filters in the lanes, parts across two images
+    (22, 32, 10, 10, 100, Window((1, 1), 1, 0), 2),  # channels in the lanes (AVX2), boxes of whole images
+    (2, 24, 40, 41, 40, Window((3, 3), 1, 1), 1),    # every tap, those at the border cut short
+], ids=_ids)
+def test_nhwc_weight_gradient_items_of_every_lane_tile(case, dtype, specialize, threads):
+    """Layers whose x and dy outweigh their weights many times (few channels or filters over many
+    pixels): each work item takes every lane tile and row block of its group for a share of the
+    output rows (its part, which may start and end inside an image), the parts summed in part order.
+    The reference's dW, and the same bits on 1, 2 and 3 threads."""
+    rng = seeded_rng("pixel rows dW whole lane tiles", case, dtype)
+    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), layout="NHWC")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
+    results = []
+    for count in (1, 2, 3):
+        threads(count)
+        with convgen.configure(**NATIVE):
+            results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[1])
+        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
+    for count, result in zip((2, 3), results[1:]):
+        np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
 
 
 @pytest.mark.parametrize("count", [1, 2])
