@@ -28,13 +28,17 @@ _BIAS_SHAPE = {"NCHW": (-1, 1, 1), "NHWC": (-1,)}        # the bias broadcast ov
 
 
 class _Call:
-    """A call signature that passed validation: its resolved problem and the plan that computes it."""
+    """A call signature that passed validation: its resolved problem and the plan that computes it;
+    `adjoint`, where the plan computes its input gradient (conv2d's dx, a transposed call's output)
+    as a forward convolution (`planner.adjoint_forward`), the call of that convolution, else None."""
 
-    __slots__ = ("resolved", "problem", "plan", "empty", "_checked", "_settings")
+    __slots__ = ("resolved", "problem", "plan", "empty", "adjoint", "entries", "_checked", "_settings")
 
-    def __init__(self, resolved: Resolved, plan: planner.Plan):
-        self.resolved, self.problem, self.plan = resolved, resolved.problem, plan
+    def __init__(self, resolved: Resolved, plan: planner.Plan, adjoint: "_Call | None" = None):
+        self.resolved, self.problem, self.plan, self.adjoint = resolved, resolved.problem, plan, adjoint
         self.empty = resolved.problem.empty  # nothing to multiply: the kernels are not called
+        # the entry points of the plan's kernels the op runs (not the input gradient's, when the adjoint does)
+        self.entries = tuple(e for e in OP_ENTRIES[resolved.op] if not (adjoint is not None and e == "bwd_data"))
         self._checked = None
         # a measured schedule variant builds its kernels with its own fields
         self._settings = with_schedule(settings(), plan.overrides) if plan.overrides else None
@@ -44,19 +48,56 @@ class _Call:
         reaches a module the process has let go of; their workspace is checked on first use."""
         kernels = get_kernels(self.plan.spec, self._settings)
         if kernels is not self._checked:
-            kernels.prepare(OP_ENTRIES[self.resolved.op])
-            _check_workspace(kernels, self.resolved)
+            kernels.prepare(self.entries)
+            _check_workspace(kernels, self.resolved, self.entries)
             self._checked = kernels
         return kernels
 
 
-def _check_workspace(kernels: Kernels, resolved: Resolved) -> None:
+def _adjoint_call(resolved: Resolved, plan: planner.Plan, specialize: bool) -> _Call | None:
+    """The forward call that computes the input gradient of `resolved`'s op, where the planner says so."""
+    if "bwd_data" not in OP_ENTRIES[resolved.op]:
+        return None
+    adjoint = planner.adjoint_forward(resolved.problem, plan)
+    if adjoint is None:
+        return None
+    return _Call(Resolved("conv2d", adjoint, resolved.dtype, (adjoint.output_shape,)),
+                 planner.plan(adjoint, specialize, settings().schedule(), "direct"))
+
+
+def adjoint_weights(w, groups: int, layout: str):
+    """conv2d's weights `w` as the adjoint forward convolution of its input gradient reads them
+    (`planner.adjoint_forward`): each group's filters and channels exchanged, the window flipped.
+    NCHW (F, C/g, KH, KW) becomes (C, F/g, KH, KW); NHWC (KH, KW, C/g, F) becomes (KH, KW, F/g, C).
+    A new C-contiguous array."""
+    if layout == "NCHW":
+        f, cg, kh, kw = w.shape
+        grouped = w.reshape(groups, f // groups, cg, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+        return np.ascontiguousarray(grouped).reshape(groups * cg, f // groups, kh, kw)
+    kh, kw, cg, f = w.shape
+    grouped = w.reshape(kh, kw, cg, groups, f // groups)[::-1, ::-1].transpose(0, 1, 4, 3, 2)
+    return np.ascontiguousarray(grouped).reshape(kh, kw, f // groups, groups * cg)
+
+
+def input_gradient(call: _Call, dy, w, dx) -> None:
+    """conv2d's input gradient of `call`'s problem (conv2d_backward's dx, conv_transpose2d's output)
+    into dx, from dy and the weights w: by the plan's input-gradient kernels, or by the adjoint
+    forward convolution where the plan has one."""
+    if call.adjoint is None:
+        call.kernels().call("bwd_data", call.problem, (dy, w, None, dx))
+    else:
+        adjoint = call.adjoint
+        flipped = adjoint_weights(w, adjoint.problem.groups, adjoint.problem.layout)
+        adjoint.kernels().call("fwd", adjoint.problem, (dy, flipped, None, None, None, dx))
+
+
+def _check_workspace(kernels: Kernels, resolved: Resolved, entries) -> None:
     """Refuse a call whose C workspace (about threads × the weights at most) this machine cannot hold."""
     problem = resolved.problem
     weight_shape = problem.weight_shape
-    if int(np.prod(weight_shape)) * resolved.dtype.itemsize * num_threads() < LIMITS.workspace_query_bytes:
+    if not entries or int(np.prod(weight_shape)) * resolved.dtype.itemsize * num_threads() < LIMITS.workspace_query_bytes:
         return
-    needed = max(kernels.workspace_bytes(entry, problem) for entry in OP_ENTRIES[resolved.op])
+    needed = max(kernels.workspace_bytes(entry, problem) for entry in entries)
     if needed > LIMITS.memory_bytes:
         raise ValueError(f"{resolved.op} would need a workspace of {needed} bytes for these weights {weight_shape}, "
                          f"more than this machine's memory ({LIMITS.memory_bytes} bytes); use fewer threads")
@@ -116,7 +157,8 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
     active = settings()
     # "auto" takes what `convgen tune` measured fastest for the problem's class, where it did
     measured = wisdom.lookup(op, resolved.problem, active) if algorithm == "auto" and specialize else None
-    call = _Call(resolved, planner.plan(resolved.problem, specialize, active.schedule(), algorithm, measured))
+    plan = planner.plan(resolved.problem, specialize, active.schedule(), algorithm, measured)
+    call = _Call(resolved, plan, _adjoint_call(resolved, plan, specialize))
     if key is not None:
         if len(_CALLS) >= _CALLS_MAX:
             _CALLS.clear()
@@ -149,7 +191,7 @@ def runner(op: str, arrays, measured, *, stride=1, padding=0, dilation=1, groups
     if (plan.family != measured.algorithm or (plan.family == "winograd" and plan.spec.tile != measured.tile)
             or plan.variant != measured.variant):
         raise ValueError(f"{measured.text()} cannot compute this {op} call")
-    call = _Call(resolved, plan)
+    call = _Call(resolved, plan, _adjoint_call(resolved, plan, True))
     if resolved.backward:
         dy, x, w = arrays
         return lambda: _backward(call, dy, x, w, None)
@@ -170,7 +212,7 @@ def _forward(call: _Call, x, w, bias, out, residual=None):
     elif not problem.transpose:
         call.kernels().call("fwd", problem, (x, w, None, bias, residual, y))
     else:
-        call.kernels().call("bwd_data", problem, (x, w, None, y))
+        input_gradient(call, x, w, y)
         if bias is not None:
             y += bias.reshape(_BIAS_SHAPE[problem.layout])
     return y
@@ -188,9 +230,8 @@ def _backward(call: _Call, dy, x, w, out):
         dx.fill(0)
         dw.fill(0)
     elif not problem.transpose:
-        kernels = call.kernels()
-        kernels.call("bwd_data", problem, (dy, w, None, dx))
-        kernels.call("bwd_weight", problem, (dy, x, dw))
+        input_gradient(call, dy, w, dx)
+        call.kernels().call("bwd_weight", problem, (dy, x, dw))
     else:  # dx is conv2d(dy, w); dw is conv2d's weight gradient with the roles of x and dy exchanged
         kernels = call.kernels()
         kernels.call("fwd", problem, (dy, w, None, None, None, dx))

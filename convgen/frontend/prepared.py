@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..planning.epilogue import NO_EPILOGUE
-from .ops import _BIAS_SHAPE, _epilogue_arguments, _numpy_epilogue, _prepare, check_residual, scaled_weights
+from .ops import (_BIAS_SHAPE, _epilogue_arguments, _numpy_epilogue, _prepare, adjoint_weights, check_residual,
+                  scaled_weights)
 from .resolve import result_array
 
 
@@ -39,7 +40,7 @@ class PreparedConv:
     """
 
     __slots__ = ("op", "input_shape", "output_shape", "dtype", "problem", "_kernels", "_entry", "_empty",
-                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs", "_call", "_scale")
+                 "_weight_shape", "_prepared", "_weight", "_bias", "_kwargs", "_call", "_run", "_scale")
 
     def __init__(self, op: str, w, bias, input_shape, kwargs: dict, epilogue_kwargs=None):
         if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 4 or not all(
@@ -58,8 +59,10 @@ class PreparedConv:
         self._call, self._scale = call, fused.get("scale")
         self.problem, self.dtype = call.problem, call.resolved.dtype
         self.output_shape = tuple(call.resolved.result_shapes[0])
-        self._kernels = call.kernels()
-        self._entry = "bwd_data" if call.problem.transpose else "fwd"
+        # a transposed call whose output the adjoint forward convolution computes runs its kernels
+        self._run = call.adjoint or call
+        self._kernels = self._run.kernels()
+        self._entry = "bwd_data" if self._run.problem.transpose else "fwd"
         self._empty = call.empty
         self._weight_shape = w_checked.shape
         self._prepared = self._weight = None
@@ -68,7 +71,9 @@ class PreparedConv:
 
     def _lay_out(self, w) -> None:
         w = scaled_weights(w, self._scale, self._call)  # (a frozen BatchNorm's scale, folded into the weights)
-        prepared = None if self._empty else self._kernels.prepare_weights(self._entry, self.problem, w)
+        if self._run is not self._call:
+            w = adjoint_weights(w, self.problem.groups, self.problem.layout)
+        prepared = None if self._empty else self._kernels.prepare_weights(self._entry, self._run.problem, w)
         # Kernels with nothing to lay out (depthwise) read the weights as they are: keep a copy, so
         # that the values are the ones given, as for the laid-out form.
         self._prepared, self._weight = prepared, (w.copy() if prepared is None else None)
@@ -113,7 +118,7 @@ class PreparedConv:
             y[...] = 0 if bias is None else bias.reshape(_BIAS_SHAPE[self.problem.layout])
             _numpy_epilogue(y, self.problem.epilogue, residual)
         elif self._entry == "fwd":
-            self._kernels.call("fwd", self.problem, (x, self._weight, self._prepared, bias, residual, y))
+            self._kernels.call("fwd", self._run.problem, (x, self._weight, self._prepared, bias, residual, y))
         else:
             self._kernels.call("bwd_data", self.problem, (x, self._weight, self._prepared, y))
             if bias is not None:

@@ -546,6 +546,8 @@ class Bound:
         y = self._image(self.y_shape, x)
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
+        elif problem.transpose and call.adjoint is not None:
+            _adjoint_input_gradient(call, xa, wa, y, torch.get_num_threads())
         else:
             kernels, threads = call.kernels(), torch.get_num_threads()
             laid_out = self._laid_out(self.forward_weights, kernels, problem, wa, kept, threads, trained)
@@ -579,7 +581,10 @@ class Bound:
         # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
         dya, (wa, kept) = _in_layout(self.kind, dy, self.last), self._weight(weight, weight.requires_grad)
         dx = dw = None
-        if need_x:
+        if need_x and not problem.transpose and call.adjoint is not None:
+            dx = self._image(problem.input_shape, dy)
+            _adjoint_input_gradient(call, dya, wa, dx, threads)
+        elif need_x:
             dx = self._image(problem.input_shape, dy)
             laid_out = self._laid_out(self.input_gradient_weights, kernels, problem, wa, kept, threads,
                                       weight.requires_grad)
@@ -604,6 +609,17 @@ class Bound:
             first, second = (dya, xa) if not problem.transpose else (xa, dya)
             kernels.call_addresses("bwd_weight", problem, (first.data_ptr(), second.data_ptr(), dw_address), threads)
         return dx, dw
+
+
+def _adjoint_input_gradient(call, dy, weight, out, threads: int) -> None:
+    """conv2d's input gradient of `call`'s problem into `out`, as the adjoint forward convolution of
+    dy with the weights (in the layout's order) flipped (`convgen.frontend.ops.input_gradient`)."""
+    adjoint, shape = call.adjoint, call.problem.weight_shape
+    # (the weights' memory is the layout's order, whatever their tensor's shape: viewed as that array)
+    in_layout = _numpy(weight.as_strided(shape, [int(np.prod(shape[i + 1:])) for i in range(len(shape))]))
+    flipped = convgen_ops.adjoint_weights(in_layout, adjoint.problem.groups, adjoint.problem.layout)
+    adjoint.kernels().call_addresses("fwd", adjoint.problem, (dy.data_ptr(), flipped.ctypes.data, 0, 0, 0,
+                                                              out.data_ptr()), threads)
 
 
 class _EagerAutograd(torch.autograd.Function):
