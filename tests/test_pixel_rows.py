@@ -264,6 +264,32 @@ def test_nhwc_weight_gradient_items_of_every_lane_tile(case, dtype, specialize, 
         np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
 
 
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", [
+    (2, 32, 17, 18, 3, Window((1, 1), 1, 0), 1),     # 3 filters: fewer than any tile's rows
+    (3, 16, 9, 11, 4, Window((1, 1), 1, 0), 1),
+    (2, 64, 8, 9, 6, Window((1, 1), 1, 0), 2),       # two groups of 32 -> 3
+], ids=_ids)
+def test_nhwc_1x1_weight_gradient_of_few_filters(case, dtype, specialize, threads):
+    """A 1x1 window over many channels to fewer filters than any tile's rows: by default the pixel
+    rows read x in place, each box's dy copied with zeros after its filters (not the phase planes;
+    4 filters of float64 fill a tile of 4 rows on AVX2, and take it). The reference's dW, and the
+    same bits on 1, 2 and 3 threads."""
+    rng = seeded_rng("pixel rows dW padded rows", case, dtype)
+    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), layout="NHWC")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
+    results = []
+    for count in (1, 2, 3):
+        threads(count)
+        results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[1])
+        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
+    for count, result in zip((2, 3), results[1:]):
+        np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
+
+
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("channels", [3, 20])
 @pytest.mark.parametrize("mode, dtype", [("zeros", "float32"), ("zeros", "float64"), ("reflect", "float64"),
