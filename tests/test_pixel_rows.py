@@ -237,6 +237,23 @@ def test_nhwc_weight_gradient_in_place_with_its_lanes_copied(case, dtype, thread
     np.testing.assert_array_equal(results[1], results[0])
 
 
+def _check_nhwc_weight_gradient(rng, case, dtype, specialize, threads, schedule):
+    """The NHWC dW of `case` under the schedule overrides `schedule`: the reference's, and the same
+    bits on 1, 2 and 3 threads."""
+    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), layout="NHWC")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
+    results = []
+    for count in (1, 2, 3):
+        threads(count)
+        with convgen.configure(**schedule):
+            results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[1])
+        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
+    for count, result in zip((2, 3), results[1:]):
+        np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
+
+
 @pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", [
@@ -249,19 +266,8 @@ def test_nhwc_weight_gradient_items_of_every_lane_tile(case, dtype, specialize, 
     pixels): each work item takes every lane tile and row block of its group for a share of the
     output rows (its part, which may start and end inside an image), the parts summed in part order.
     The reference's dW, and the same bits on 1, 2 and 3 threads."""
-    rng = seeded_rng("pixel rows dW whole lane tiles", case, dtype)
-    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
-    kw = dict(_kwargs(case), layout="NHWC")
-    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
-    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
-    results = []
-    for count in (1, 2, 3):
-        threads(count)
-        with convgen.configure(**NATIVE):
-            results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[1])
-        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
-    for count, result in zip((2, 3), results[1:]):
-        np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
+    _check_nhwc_weight_gradient(seeded_rng("pixel rows dW whole lane tiles", case, dtype), case, dtype, specialize,
+                                threads, NATIVE)
 
 
 @pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
@@ -276,18 +282,8 @@ def test_nhwc_1x1_weight_gradient_of_few_filters(case, dtype, specialize, thread
     rows read x in place, each box's dy copied with zeros after its filters (not the phase planes;
     4 filters of float64 fill a tile of 4 rows on AVX2, and take it). The reference's dW, and the
     same bits on 1, 2 and 3 threads."""
-    rng = seeded_rng("pixel rows dW padded rows", case, dtype)
-    x, weight, _ = _arrays(rng, case, dtype, "NHWC")
-    kw = dict(_kwargs(case), layout="NHWC")
-    dy = rng.standard_normal(reference.conv2d(x, weight, **kw).shape).astype(dtype)
-    expected = reference.conv2d_backward(dy, x, weight, **kw)[1]
-    results = []
-    for count in (1, 2, 3):
-        threads(count)
-        results.append(convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[1])
-        assert_close(results[-1], expected, dtype, f"dw on {count} threads")
-    for count, result in zip((2, 3), results[1:]):
-        np.testing.assert_array_equal(result, results[0], err_msg=f"dw on {count} threads")
+    _check_nhwc_weight_gradient(seeded_rng("pixel rows dW padded rows", case, dtype), case, dtype, specialize,
+                                threads, {})
 
 
 @pytest.mark.parametrize("count", [1, 2])
