@@ -546,7 +546,7 @@ class Bound:
         y = self._image(self.y_shape, x)
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
-        elif problem.transpose and call.adjoint is not None:
+        elif call.adjoint is not None:  # (a transposed call's output: conv2d's forward call has no adjoint)
             _adjoint_input_gradient(call, xa, wa, y, torch.get_num_threads())
         else:
             kernels, threads = call.kernels(), torch.get_num_threads()
@@ -581,7 +581,7 @@ class Bound:
         # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
         dya, (wa, kept) = _in_layout(self.kind, dy, self.last), self._weight(weight, weight.requires_grad)
         dx = dw = None
-        if need_x and not problem.transpose and call.adjoint is not None:
+        if need_x and call.adjoint is not None:  # (conv2d's dx: a transposed call's backward has no adjoint)
             dx = self._image(problem.input_shape, dy)
             _adjoint_input_gradient(call, dya, wa, dx, threads)
         elif need_x:
