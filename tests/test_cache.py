@@ -425,8 +425,9 @@ def test_core_key_changes_with_everything_that_changes_the_object(change, monkey
 
 
 def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypatch, tmp_path):
-    """By default a split module's own code compiles at -O2 and the core object it links at -O3;
-    whole modules at -O3. CONVGEN_CFLAGS, or configure(cflags=), sets every part's flags."""
+    """By default a split module's own code compiles at -O1 (its CG_HOT functions at -O2: the
+    compile defines CG_HOT_O2) and the core object it links at -O3; whole modules at -O3.
+    CONVGEN_CFLAGS, or configure(cflags=), sets every part's flags (and no CG_HOT_O2)."""
     split = render.render(SPEC, kernels.settings().schedule(), split=True)
     whole = render.render(SPEC, kernels.settings().schedule(), split=False)
     c, o = tmp_path / "m.c", tmp_path / "m.o"
@@ -441,12 +442,16 @@ def test_window_code_and_core_compile_at_their_own_optimization_levels(monkeypat
 
     monkeypatch.delenv("CONVGEN_CFLAGS", raising=False)
     default = build.default_toolchain()
-    assert levels(default) == (["-O2"], ["-O2"], ["-O3"], ["-O3"], ["-O2"])
+    assert levels(default) == (["-O1"], ["-O1"], ["-O3"], ["-O3"], ["-O1"])
+    hot = "-DCG_HOT_O2"
+    assert hot in build.object_command(default, split, c, o) and hot not in build.object_command(default, whole, c, o)
+    assert hot not in build.object_command(default, split, c, o, core=True)
     without_window_flags = dataclasses.replace(default, window_cflags=None)
     assert kernels.core_key(split.cores[0], split, default) == kernels.core_key(split.cores[0], split, without_window_flags)
     assert kernels.interface_key(split, default) != kernels.interface_key(split, without_window_flags)
     monkeypatch.setenv("CONVGEN_CFLAGS", "-O1 -g")
     assert levels(build.default_toolchain()) == (["-O1"],) * 5
+    assert hot not in build.object_command(build.default_toolchain(), split, c, o)
     with convgen.configure(cflags=("-Os",)):
         assert levels(kernels.settings().toolchain) == (["-Os"],) * 5
 

@@ -163,21 +163,22 @@ def extract(source: str, entry_points) -> str:
     Raises ValueError if an entry point is not defined in `source`.
     """
     items = top_level_items(source)
-    by_name = {}
+    # Every item that defines a name: a macro defined in both branches of an #ifdef keeps both.
+    by_name: dict = {}
     for item in items:
         for name in item.names:
-            by_name.setdefault(name, item)
+            by_name.setdefault(name, []).append(item)
     wanted = list(entry_points)
     missing = [name for name in wanted if name not in by_name]
     if missing:
         raise ValueError(f"the rendered source defines no {', '.join(missing)}")
-    kept, todo = set(), [by_name[name] for name in wanted]
+    kept, todo = set(), [item for name in wanted for item in by_name[name]]
     while todo:
         item = todo.pop()
         if id(item) in kept:
             continue
         kept.add(id(item))
-        todo += [by_name[name] for name in item.uses if name in by_name and id(by_name[name]) not in kept]
+        todo += [used for name in item.uses for used in by_name.get(name, ()) if id(used) not in kept]
     text = "".join(item.text for item in items if item.always or id(item) in kept)
     text = re.sub(r"\n{3,}", "\n\n", text).strip("\n")
     return text + "\n"
