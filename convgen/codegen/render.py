@@ -269,11 +269,15 @@ _CORE_FUNCTION = re.compile(r"^((?:CG_CORE|CG_PLAN) [^;{}]*?\))\n\{\n.*?\n\}\n",
 _CORE_NAME = re.compile(r"^(?:CG_CORE|CG_PLAN) [^;{}(]*?\b(\w+)\(", re.M)
 
 # The parts the core object is compiled in besides the common part, by the names of their functions:
-# the weight gradient's kernels. Every other CG_CORE and CG_PLAN function (the micro-kernels, the pixel
-# rows of the forward pass and the input gradient, packing, the workspace, the plans) is in the common
-# part, which every split module links. (A third part for the pixel rows made no first forward call
-# faster on 2 cores, where four compiles then share them, and each part parses the whole core source.)
+# the pixel rows' GEMM kernels (of the forward pass and the input gradient) and the weight gradient's
+# kernels. Every other CG_CORE and CG_PLAN function (the GEMM micro-kernels, packing, the workspace,
+# the plans) is in the common part, which every split module links. A module links the parts whose
+# functions its window declares, and compiles those the cache lacks side by side: a direct window's
+# first forward call compiles its window code, the common part and the rows part at once (on 2
+# cores, k3s1p1 float32: the common part alone took 1.0-1.1 s at -O3, the two halves 0.4-0.6 s each),
+# and a Winograd window's, which calls no pixel rows, the common part alone.
 CORE_PARTS = {
+    "rows": re.compile(r"rows_igemm_\d+|rows_gemm_run_\d+|rows_bias_rows|rows_pad_dy_band"),
     "dw": re.compile(r"dw_\w+|dy_rows|rows_inside|rows_box_sum_\d+|rows_gemm_add_\d+"),
 }
 
