@@ -295,6 +295,30 @@ def test_every_window_and_op_of_a_dtype_and_layout_links_the_parts_it_calls(sche
             assert all(core_part(name) in parts for name in declared)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_each_core_part_references_only_its_own_and_the_common_parts_functions(schedule, layout, tmp_path):
+    """A module links the common part and only the other parts its ops call (a Winograd forward
+    module the common part alone), so no part may reference a function another non-common part
+    defines: compiled without optimization (CONVGEN_CFLAGS=-O0, as the sanitizer builds are), which
+    emits every static function and file-scope table, each part's undefined symbols name none of them."""
+    import shutil
+    import subprocess
+
+    compiler = settings().toolchain.compiler
+    cores = render(ConvSpec(Window(3, 1, 1), "float32", layout), schedule, split=True).cores
+    defined = [set(core_defined(source)) for source in cores]
+    assert len(cores) == 3 and all(defined)
+    for index, source in enumerate(cores):
+        c_path, o_path = tmp_path / f"part{index}.c", tmp_path / f"part{index}.o"
+        c_path.write_text(source)
+        subprocess.run([compiler, "-O0", "-fopenmp", "-fPIC", *schedule.arch_flags, "-c", str(c_path), "-o",
+                        str(o_path)], check=True, capture_output=True)
+        undefined = set(subprocess.run([shutil.which("nm") or "nm", "-u", str(o_path)], check=True,
+                                       capture_output=True, text=True).stdout.split())
+        others = set().union(*(names for other, names in enumerate(defined) if other not in (0, index)))
+        assert not undefined & others, f"core part {index} references {sorted(undefined & others)} of another part"
+
+
 def test_direct_modules_and_specialized_winograd_modules_split(schedule):
     """Depthwise modules stay one unit; so does every module rendered without split=True (what
     `convgen show`, `generate` and `export` write). The generic direct module links the parts of the

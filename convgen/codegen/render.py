@@ -35,6 +35,7 @@ from pathlib import Path
 import jinja2
 
 from . import abi, depthwise
+from .csource import extract
 from ..planning import winograd
 from .._version import __version__
 from ..planning.schedule import Schedule
@@ -302,7 +303,17 @@ def core_parts(core: str, declared, spec: ConvSpec) -> tuple:
         raise ValueError(f"the core object of {spec} would not define {', '.join(sorted(missing))}, which its "
                          "window module declares")
     needed = ["common"] + [part for part in CORE_PARTS if any(core_part(name) == part for name in declared)]
-    return tuple(_declarations_only(core, keep=part) for part in needed)
+    return tuple(_part_source(core, part) for part in needed)
+
+
+def _part_source(core: str, part: str) -> str:
+    """The source of the core part `part`: its own functions whole, the other parts' declared, and
+    only what its functions use besides. The rest of the generic module (its entry points and window
+    code, unused here) is left out: without optimization a compiler emits every static function,
+    and theirs would reference the functions of parts a module need not link."""
+    source = _declarations_only(core, keep=part)
+    own = [name for name in _CORE_NAME.findall(source) if core_part(name) == part]
+    return extract(source, list(dict.fromkeys(own)))
 
 
 def _declarations_only(source: str, keep: str | None = None) -> str:
