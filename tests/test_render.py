@@ -7,7 +7,7 @@ import pytest
 
 from convgen.runtime.kernels import settings
 from convgen.codegen.csource import top_level_items
-from convgen.codegen.render import core_part, render
+from convgen.codegen.render import compilable_part, core_part, render
 from convgen.planning.epilogue import Epilogue
 from convgen.planning.spec import ConvSpec, Window
 
@@ -310,7 +310,7 @@ def test_each_core_part_references_only_its_own_and_the_common_parts_functions(s
     assert len(cores) == 3 and all(defined)
     for index, source in enumerate(cores):
         c_path, o_path = tmp_path / f"part{index}.c", tmp_path / f"part{index}.o"
-        c_path.write_text(source)
+        c_path.write_text(compilable_part(source))
         subprocess.run([compiler, "-O0", "-fopenmp", "-fPIC", *schedule.arch_flags, "-c", str(c_path), "-o",
                         str(o_path)], check=True, capture_output=True)
         undefined = set(subprocess.run([shutil.which("nm") or "nm", "-u", str(o_path)], check=True,

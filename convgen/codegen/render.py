@@ -303,17 +303,18 @@ def core_parts(core: str, declared, spec: ConvSpec) -> tuple:
         raise ValueError(f"the core object of {spec} would not define {', '.join(sorted(missing))}, which its "
                          "window module declares")
     needed = ["common"] + [part for part in CORE_PARTS if any(core_part(name) == part for name in declared)]
-    return tuple(_part_source(core, part) for part in needed)
+    return tuple(_declarations_only(core, keep=part) for part in needed)
 
 
-def _part_source(core: str, part: str) -> str:
-    """The source of the core part `part`: its own functions whole, the other parts' declared, and
-    only what its functions use besides. The rest of the generic module (its entry points and window
-    code, unused here) is left out: without optimization a compiler emits every static function,
-    and theirs would reference the functions of parts a module need not link."""
-    source = _declarations_only(core, keep=part)
-    own = [name for name in _CORE_NAME.findall(source) if core_part(name) == part]
-    return extract(source, list(dict.fromkeys(own)))
+def compilable_part(part_source: str) -> str:
+    """What the compiler gets of a core part's source (one of `Rendered.cores`, which the cache keys
+    on): its own functions, the other parts' declarations, and only what its functions use. The rest
+    of the generic module (its entry points and window code, unused there) is left out: without
+    optimization (-O0, as the sanitizer builds compile) a compiler emits every static function, and
+    theirs would reference the functions of parts a module need not link. Done at compile time only:
+    the cut reads the whole source, which would cost every cached load a third of a second."""
+    own = [_CORE_NAME.match(match.group(0)).group(1) for match in _CORE_FUNCTION.finditer(part_source)]
+    return extract(part_source, list(dict.fromkeys(own)))
 
 
 def _declarations_only(source: str, keep: str | None = None) -> str:

@@ -32,7 +32,7 @@ import cffi
 from cffi.recompiler import make_c_source
 
 from ..codegen import abi
-from ..codegen.render import Rendered
+from ..codegen.render import Rendered, compilable_part
 from ..planning.schedule import supported_isas
 from .toolchain import INSTALL_HINT, BuildError, compiler_env, compiler_version, find_compiler, native_macros
 
@@ -280,7 +280,7 @@ def build_core_object(name: str, rendered: Rendered, source: str, toolchain: Too
     check_sanitizer_runtime(toolchain.cflags)
     c_path = build_dir / f"{name}.c"
     o_path = build_dir / f"{name}.o"
-    c_path.write_text(source)
+    c_path.write_text(compilable_part(source))
     _run_compiler(object_command(toolchain, rendered, c_path, o_path, core=True), toolchain, rendered,
                   o_path, "the core object")
     return o_path
