@@ -298,11 +298,10 @@ def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, 
               modules: str | None = None, **schedule_overrides):
     """Build and use kernels with another ISA, compiler flags, schedule or templates inside a `with` block.
 
-    `cflags` replace the default optimization flags (-O3, and -O1 with CG_HOT functions at -O2 for a split
-    module's window code)
-    in every part of every module. `templates` is a directory laid out as convgen's templates/ (e.g.
-    an edited copy of it); the cache keys on the rendered source, so an edit always builds new
-    modules. `modules` is what an op's first call compiles: "per-op" (its own module) or "whole"
+    `cflags` replace the default optimization flags (-O3, and -O1 with CG_HOT functions at -O2 for a
+    split module's window code) in every part of every module. `templates` is a directory laid out
+    as convgen's templates/ (e.g. an edited copy of it); the cache keys on the rendered source, so an
+    edit always builds new modules. `modules` is what an op's first call compiles: "per-op" (its own module) or "whole"
     (one module of every op).
 
     >>> with configure(isa="avx2"):            # doctest: +SKIP
