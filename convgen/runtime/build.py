@@ -42,7 +42,7 @@ DEFAULT_CFLAGS = ("-O3",)
 # CG_HOT in the templates (those that do their own arithmetic: the direct forward pass's micro-kernel
 # over the phase planes and its stores, the input gradient's scatter) compile at -O2. It compiles in
 # about 70 % of -O2's time (under half of -O3's) at the same speed (alternated against -O2 on 22 layers,
-# forward and backward, both layouts, AVX2: 1.00x geometric mean, every one within 4 %); the loops
+# forward and backward, both layouts, AVX2: 1.00x geometric mean, each 0.94-1.04x); the loops
 # whose speed came from -O3 alone say so in the templates (`omp simd`, `GCC unroll`), which hold at
 # -O1 too. The core object and whole modules (depthwise) keep DEFAULT_CFLAGS.
 DEFAULT_WINDOW_CFLAGS = ("-O1", "-DCG_HOT_O2")

@@ -301,8 +301,8 @@ def configure(*, isa: str | None = None, cflags: tuple[str, ...] | None = None, 
     `cflags` replace the default optimization flags (-O3, and -O1 with CG_HOT functions at -O2 for a
     split module's window code) in every part of every module. `templates` is a directory laid out
     as convgen's templates/ (e.g. an edited copy of it); the cache keys on the rendered source, so an
-    edit always builds new modules. `modules` is what an op's first call compiles: "per-op" (its own module) or "whole"
-    (one module of every op).
+    edit always builds new modules. `modules` is what an op's first call compiles: "per-op" (its own
+    module) or "whole" (one module of every op).
 
     >>> with configure(isa="avx2"):            # doctest: +SKIP
     ...     y = conv2d(x, w)                   # the AVX2 kernels, built on first use
