@@ -335,3 +335,56 @@ def test_input_gradient_of_a_1x1_window_is_the_forward_pass_over_dy(dtype, layou
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         finite = np.isfinite(want)
         assert_close(got[finite], want[finite], dtype, "dx beside inf")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_input_gradient_of_a_centred_nchw_window_on_small_planes_is_the_forward_pass_over_dy(dtype):
+    """NCHW, stride 1, zero padding centred on the window (d·(k − 1)/2 each side): where the forward
+    pass over dy takes its pixel rows (planes of at most 800 pixels), the specialized input gradient
+    is that forward pass with c and f swapped and the window flipped, the weights read where they lie
+    (templates/direct/backward_data.c.j2): its workspace and threads are its, with no turned copy.
+    dx, conv_transpose2d and its prepared form give the oracle's, with groups, dilation, rectangular
+    windows, partial tiles and sums over more filters than one block. Weights holding inf take the
+    input gradient's own kernels (the forward pass would multiply them by dy's zero padding), so inf
+    and NaN land where the oracle's do, called and prepared. A larger plane keeps the input gradient's
+    own kernels: its workspace is the generic module's."""
+    from convgen.frontend import ops
+    from convgen.planning.spec import ConvSpec
+    from convgen.runtime.kernels import get_kernels
+
+    # (groups of more than 16 channels and filters: fewer take planner.adjoint_forward, in Python)
+    cases = [(2, 12, 6, 7, 20, (3, 3), 1, 1, 1), (1, 40, 5, 9, 36, (5, 3), (2, 1), 1, 2),
+             (2, 34, 7, 6, 40, (3, 3), 2, 2, 2), (2, 16, 9, 9, 136, (3, 3), 1, 1, 1),
+             (1, 4, 40, 40, 8, (3, 3), 1, 1, 1)]
+    for n, c, h, w, f, kernel, padding, dilation, groups in cases:
+        rng = seeded_rng("centred dx as forward", dtype, c, h)
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        weight = rng.standard_normal((f, c // groups, *kernel)).astype(dtype)
+        dy = rng.standard_normal((n, f, h, w)).astype(dtype)
+        kw = dict(padding=padding, dilation=dilation, groups=groups)
+        direct = dict(kw, algorithm="direct")  # (not Winograd: its transforms mix the taps)
+        _, call = ops._prepare("conv2d_backward", (dy, x, weight), True, "direct", 1, padding, dilation, groups, "NCHW")
+        kernels = call.kernels()
+        if h * w <= 800:
+            turned = conv_problem(dy.shape, (c, f // groups, *kernel), np.dtype(dtype), 1, padding, dilation, groups,
+                                  "NCHW")
+            assert kernels.workspace_bytes("bwd_data", call.problem, 2) == kernels.workspace_bytes("fwd", turned, 2)
+            assert kernels.threads("bwd_data", call.problem, 2) == kernels.threads("fwd", turned, 2)
+        else:
+            generic = get_kernels(ConvSpec(None, dtype, "NCHW"))
+            assert (kernels.workspace_bytes("bwd_data", call.problem, 2)
+                    == generic.workspace_bytes("bwd_data", call.problem, 2))
+        want = reference.conv2d_backward(dy, x, weight, **kw)[0]
+        assert_close(convgen.conv2d_backward(dy, x, weight, **direct)[0], want, dtype, "dx")
+        assert_close(convgen.conv_transpose2d(dy, weight, **direct), want, dtype, "conv_transpose2d")
+        prepared = convgen.prepare_conv_transpose2d(weight, input_shape=dy.shape, **direct)
+        assert_close(prepared(dy), want, dtype, "prepared conv_transpose2d")
+        weight[1, 0, 0, 0] = np.inf
+        want = reference.conv2d_backward(dy, x, weight, **kw)[0]
+        prepared = convgen.prepare_conv_transpose2d(weight, input_shape=dy.shape, **direct)
+        for got in (convgen.conv2d_backward(dy, x, weight, **direct)[0], prepared(dy)):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+            finite = np.isfinite(want)
+            assert finite.any() and not finite.all()
+            assert_close(got[finite], want[finite], dtype, "dx beside inf")

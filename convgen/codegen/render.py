@@ -106,11 +106,17 @@ def _winograd_context(spec: ConvSpec) -> dict:
 
 def dx_is_forward(spec: ConvSpec) -> bool:
     """Whether the input gradient of `spec`'s module runs its forward kernels over dy with the weights
-    turned round (templates/direct/backward_data.c.j2): specialized direct windows of one tap, stride 1
-    and no padding, where dx = W^T dy is a forward pass with c and f swapped."""
+    turned round (templates/direct/backward_data.c.j2), where dx is a forward pass with c and f swapped
+    over the same window flipped: specialized direct windows at stride 1 of one tap and no padding,
+    and, in NCHW, of any size with zero padding centred on the window (d·(k − 1)/2 on each side:
+    ResNet's 3×3 p1 layers)."""
     w = spec.window
-    return (spec.family == "direct" and spec.specialized and not spec.epilogue.active
-            and w.kernel == (1, 1) and w.stride == (1, 1) and w.padding == ((0, 0), (0, 0)))
+    if not (spec.family == "direct" and spec.specialized and not spec.epilogue.active and w.stride == (1, 1)):
+        return False
+    if w.kernel == (1, 1):
+        return w.padding == ((0, 0), (0, 0))
+    return spec.layout == "NCHW" and w.padding_mode == "zeros" and all(
+        before == after and 2 * before == d * (k - 1) for k, d, (before, after) in zip(w.kernel, w.dilation, w.padding))
 
 
 def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "whole") -> dict:
