@@ -34,7 +34,7 @@ from helpers import assert_close, seeded_rng, to_layout
 LAYOUTS = ("NHWC", "NCHW")
 # The pixel rows on every layer, however few its channels or large its NCHW images.
 NATIVE = dict(pixel_rows_min_work=1, pixel_rows_dx_vector_share=64, pixel_rows_nchw_max_pixels=10**9,
-              pixel_rows_nchw_dw_all_windows=True)
+              pixel_rows_nchw_dw_all_windows=True, pixel_rows_nchw_dw_max_weights=1 << 40)
 
 # (n, c, h, w, f, window, groups): every op of each runs specialized and generic, float32 and float64.
 CASES = [
@@ -458,6 +458,30 @@ def test_nchw_weight_gradient_of_1x1_and_strided_windows_can_keep_the_phase_plan
             _, dw, _ = convgen.conv2d_backward(dy, x, weight, specialize=False, algorithm="direct", **_kwargs(case))
             assert_close(dw, dw_expected, "float64", f"all_windows={all_windows}")
     assert (workspace[True] != workspace[False]) == moves
+
+
+@pytest.mark.parametrize("filters, moves", [(72, True), (64, False)])
+def test_nchw_weight_gradient_of_many_filters_takes_the_rows_below_the_weight_bound(filters, moves):
+    """pixel_rows_nchw_dw_max_weights: the NCHW weight gradient of more than 64 filters a group takes
+    the pixel rows below that many weights a group, else the phase planes (0, AVX2's default: never);
+    64 filters or fewer take the rows either way. The workspace it asks for says which; the
+    reference's results either way."""
+    from convgen.frontend import ops
+
+    case = (2, 16, 9, 8, filters, Window((3, 3), 1, 1), 1)
+    rng = seeded_rng("nchw dw weight bound", filters)
+    x, weight, _ = _arrays(rng, case, "float64", "NCHW")
+    dy = rng.standard_normal(reference.conv2d(x, weight, **_kwargs(case)).shape)
+    _, dw_expected, _ = reference.conv2d_backward(dy, x, weight, **_kwargs(case))
+    workspace = {}
+    for bound in (0, 1 << 18):
+        with convgen.configure(pixel_rows_nchw_dw_max_weights=bound):
+            _, call = ops._prepare("conv2d_backward", (dy, x, weight), False, "direct", 1, 1, 1, 1, "NCHW",
+                                   padding_mode="zeros")
+            workspace[bound] = call.kernels().workspace_bytes("bwd_weight", call.problem, 2)
+            _, dw, _ = convgen.conv2d_backward(dy, x, weight, specialize=False, algorithm="direct", **_kwargs(case))
+            assert_close(dw, dw_expected, "float64", f"pixel_rows_nchw_dw_max_weights={bound}")
+    assert (workspace[0] != workspace[1 << 18]) == moves
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -172,6 +172,7 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
         "ROWS_DX_VECTOR_SHARE": int(schedule.pixel_rows_dx_vector_share),
         "ROWS_NCHW_MAX_PIXELS": int(schedule.pixel_rows_nchw_max_pixels),
         "ROWS_NCHW_DW_ALL_WINDOWS": int(schedule.pixel_rows_nchw_dw_all_windows),
+        "ROWS_NCHW_DW_MAX_WEIGHTS": int(schedule.pixel_rows_nchw_dw_max_weights),
         "ROWS_NHWC_DX_GROUPED_PIXELS": int(schedule.pixel_rows_nhwc_dx_grouped_pixels),
         # The pixel rows of every op (direct modules); Winograd modules take the weight gradient's only.
         "rows_all_ops": spec.family == "direct",

@@ -112,6 +112,15 @@ class Schedule:
     # 0.72-0.98x, which keep the rows. (On AVX-512 the rows measured 1.12-1.39x on 1x1 and stride-2
     # layers too: see templates/direct/rows/plan.c.j2.)
     pixel_rows_nchw_dw_all_windows: bool = True
+    # NCHW dW of more than 64 filters a group takes the pixel rows (on layers its other rules admit)
+    # only below this many weights a group (KH x KW x C/g x F/g; 0: never). Measured on AVX-512 (Zen 5,
+    # 2 threads, float32), the rows against the phase planes: 1.12-1.39x with 96-256 filters of 32K-147K
+    # weights, 0.96-1.04x from 262K up. On AVX2 (AMD EPYC Zen 3, 2 threads, float32, batch 8 unless
+    # said, ResNet-like 3x3 stride-1 layers) the planes won every such layer instead: 1.07-1.19x with
+    # 96-160 filters of 69K-230K weights at 7x7 to 28x28 (128 -> 128 at 14x14 1.19-1.30x, batch 1
+    # 1.18x), 0.99-1.01x at 96 -> 96 over 14x14; 64 filters or fewer keep the rows there (the planes
+    # 0.60-0.92x with 16-32 filters, 1.03-1.09x with 64).
+    pixel_rows_nchw_dw_max_weights: int = 1 << 18
     # The NHWC input gradient of a grouped convolution over images of at least this many pixels takes
     # the pixel rows however few channels its groups have (0: only by pixel_rows_dx_vector_share):
     # the phase planes scatter each group's few channels value by value. Measured on AVX2 (AMD EPYC
@@ -157,7 +166,8 @@ _TABLE = {
                    winograd_mr=8, winograd_nr_vectors=2,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
-                 dot_columns=3, pixel_rows_nchw_dw_all_windows=False, pixel_rows_nhwc_dx_grouped_pixels=1024,
+                 dot_columns=3, pixel_rows_nchw_dw_all_windows=False, pixel_rows_nchw_dw_max_weights=0,
+                 pixel_rows_nhwc_dx_grouped_pixels=1024,
                  depthwise_pixel_major_bytes=512, arch_flags=("-mavx2", "-mfma")),
     "portable": dict(vector_bytes=16, mr=4, nr_vectors=2, kc=256, nc=256, dot_filters=3, dot_columns=3, arch_flags=()),
 }
@@ -238,6 +248,7 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
         raise ValueError(f"schedule pixel_rows_nchw_dw_all_windows must be True or False, "
                          f"got {schedule.pixel_rows_nchw_dw_all_windows!r}")
     for name, zero_means in (("pixel_rows_nhwc_dx_grouped_pixels", "never"),
+                             ("pixel_rows_nchw_dw_max_weights", "by the filters only"),
                              ("depthwise_stream_bytes", "the last-level cache"),
                              ("depthwise_pixel_major_bytes", "narrow rows only")):
         value = getattr(schedule, name)
