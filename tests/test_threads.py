@@ -118,6 +118,24 @@ def test_weight_gradient_of_one_small_image_uses_the_threads(layout, groups, thr
         assert_close(dw, expected, np.float64, f"dw on {count} threads, groups={groups}, {layout}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_gradient_summed_from_each_threads_gradient(dtype, threads):
+    """An NCHW weight gradient through the phase planes whose threads split the pixels: each thread
+    fills its own gradient, and their sum, added column by column into dweight, is the reference's
+    (the pixel-row kernels are kept out by the schedule, so that the planes run on every ISA)."""
+    rng = seeded_rng("per-thread gradients", np.dtype(dtype).name)
+    x = rng.standard_normal((6, 40, 16, 16)).astype(dtype)
+    w = rng.standard_normal((80, 40, 3, 3)).astype(dtype)
+    dy = rng.standard_normal((6, 80, 16, 16)).astype(dtype)
+    expected = reference.conv2d_backward(dy, x, w, padding=1)[1]
+    threads(2)
+    with convgen.configure(pixel_rows_nchw_dw_max_weights=0):
+        planned = planned_threads("conv2d_backward", x, dy, Window(3, 1, 1), 1, "NCHW", algorithm="direct")
+        assert planned["bwd_weight"] == 2, f"{planned} planned for 2 threads"
+        dw = convgen.conv2d_backward(dy, x, w, padding=1, algorithm="direct")[1]
+    assert_close(dw, expected, dtype, "dw summed from two threads' gradients")
+
+
 # ---------------------------------------------------------------------------------------- the GIL
 def _ran_another_thread(call, repeats):
     """Whether this (the main) thread got to run Python code while `call` ran in a worker thread.
