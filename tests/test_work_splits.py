@@ -131,3 +131,45 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
                 else:
                     expected = own
                 assert got == expected, (op, threads, got, expected)
+
+
+# The NCHW phase-plane forward pass stores a tile of MR filters x NR pixels of the planes' grid
+# straight from its registers into y: NR pixels cross rows of the grid (wq columns, of which only
+# the first wo exist), so each vector lands in up to two runs of y, masked. Shapes with few channels
+# (phase planes, not pixel rows) and outputs at least a vector wide; K blocks of kc_forward reals make
+# the later blocks add onto y; filters not a multiple of MR leave a last block for the tile path;
+# an epilogue sends every tile through the tile path.
+TILE_STORE_CASES = {
+    "5x5, rows crossed, partial filter block": ((2, 6, 19, 37, 20), 5, dict(padding=2)),
+    "7x7 stride 2": ((2, 3, 40, 45, 16), 7, dict(stride=2, padding=3)),
+    "3x3 dilated, one image": ((1, 4, 21, 34, 24), 3, dict(padding=2, dilation=2)),
+    "3x3 stride 2, grouped": ((2, 4, 36, 35, 32), 3, dict(stride=2, padding=1, groups=2)),
+}
+TILE_STORE_PATHS = {"one K block": {}, "several K blocks": dict(kc_forward=20)}
+
+
+@pytest.mark.parametrize("isa", [None, "avx2"], ids=["native", "avx2"])
+@pytest.mark.parametrize("path", list(TILE_STORE_PATHS))
+@pytest.mark.parametrize("name", list(TILE_STORE_CASES))
+def test_nchw_forward_tiles_stored_from_the_registers_match_the_reference(name, path, isa):
+    from convgen.runtime.kernels import settings
+
+    if isa is not None and isa not in settings().toolchain.supported_isas():
+        pytest.skip(f"isa {isa} is not supported on this machine")
+    (n, c, h, w, f), kernel, kwargs = TILE_STORE_CASES[name]
+    overrides = dict(TILE_STORE_PATHS[path], **({"isa": isa} if isa else {}))
+    for dtype in (np.float32, np.float64):
+        rng = seeded_rng("tile store", name, dtype)
+        x = rng.standard_normal((n, c, h, w))
+        weight = rng.standard_normal((f, c // kwargs.get("groups", 1), kernel, kernel))
+        bias = rng.standard_normal(f)
+        residual = rng.standard_normal(reference.conv2d(x, weight, **kwargs).shape)
+        for epilogue in ({}, dict(activation="relu", residual=residual)):
+            want = reference.conv2d(x, weight, bias, **kwargs, **epilogue)
+            cast = {key: value.astype(dtype) if isinstance(value, np.ndarray) else value for key, value in epilogue.items()}
+            for specialize in (True, False):
+                with convgen.configure(**overrides):
+                    y = convgen.conv2d(x.astype(dtype), weight.astype(dtype), bias.astype(dtype), algorithm="direct",
+                                       specialize=specialize, **kwargs, **cast)
+                error = np.abs(y - want).max() / np.abs(want).max()
+                assert error <= TOLERANCE[dtype], (dtype.__name__, specialize, sorted(epilogue), f"{error:.2e}")
