@@ -137,13 +137,14 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
 # straight from its registers into y: NR pixels cross rows of the grid (wq columns, of which only
 # the first wo exist), so each vector lands in up to two runs of y, masked. Shapes with few channels
 # (phase planes, not pixel rows) and outputs at least a vector wide; K blocks of kc_forward reals make
-# the later blocks add onto y; filters not a multiple of MR leave a last block for the tile path;
-# an epilogue sends every tile through the tile path.
+# the later blocks add onto y; filters not a multiple of MR leave a last block of fewer rows; an
+# epilogue sends every tile through the tile path.
 TILE_STORE_CASES = {
     "5x5, rows crossed, partial filter block": ((2, 6, 19, 37, 20), 5, dict(padding=2)),
     "7x7 stride 2": ((2, 3, 40, 45, 16), 7, dict(stride=2, padding=3)),
     "3x3 dilated, one image": ((1, 4, 21, 34, 24), 3, dict(padding=2, dilation=2)),
     "3x3 stride 2, grouped": ((2, 4, 36, 35, 32), 3, dict(stride=2, padding=1, groups=2)),
+    "5x5, fewer filters than a block": ((3, 5, 17, 30, 3), 5, dict(padding=2)),
 }
 TILE_STORE_PATHS = {"one K block": {}, "several K blocks": dict(kc_forward=20)}
 
