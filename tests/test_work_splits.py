@@ -20,6 +20,7 @@ import pytest
 
 import convgen
 from convgen import reference
+from convgen.frontend import resolve
 from helpers import seeded_rng, to_layout
 
 TOLERANCE = {np.float32: 2e-5, np.float64: 1e-12}
@@ -136,39 +137,46 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
 # The NCHW phase-plane forward pass stores a tile of MR filters x NR pixels of the planes' grid
 # straight from its registers into y: NR pixels cross rows of the grid (wq columns, of which only
 # the first wo exist), so each vector lands in up to two runs of y, masked. Shapes with few channels
-# (phase planes, not pixel rows) and outputs at least a vector wide; K blocks of kc_forward reals make
-# the later blocks add onto y; filters not a multiple of MR leave a last block of fewer rows; an
-# epilogue sends every tile through the tile path.
+# (phase planes, not pixel rows) and outputs at least a vector wide; filters not a multiple of MR
+# leave a last block of fewer rows; an epilogue sends every tile through the tile path. Under
+# test_isa's schedule of tiny blocks (several K blocks: the later ones add onto y) the generic build
+# runs, and the AVX2 code each window in the dtype the gradient grid builds it in there, so that no
+# module is compiled for this test alone.
 TILE_STORE_CASES = {
-    "5x5, rows crossed, partial filter block": ((2, 6, 19, 37, 20), 5, dict(padding=2)),
-    "7x7 stride 2": ((2, 3, 40, 45, 16), 7, dict(stride=2, padding=3)),
-    "3x3 dilated, one image": ((1, 4, 21, 34, 24), 3, dict(padding=2, dilation=2)),
-    "3x3 stride 2, grouped": ((2, 4, 36, 35, 32), 3, dict(stride=2, padding=1, groups=2)),
-    "5x5, fewer filters than a block": ((3, 5, 17, 30, 3), 5, dict(padding=2)),
+    "3x3 dilated, rows crossed, partial filter block": ((2, 6, 19, 37, 20), (3, 3), dict(padding=1, dilation=2)),
+    "3x5 strided and dilated": ((2, 3, 40, 45, 16), (3, 5), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2))),
+    "4x4 stride 2, grouped": ((2, 4, 36, 40, 32), (4, 4), dict(stride=2, padding=1, groups=2)),
+    "3x3, fewer filters than a block": ((3, 5, 17, 30, 3), (3, 3), dict(padding=1)),
 }
-TILE_STORE_PATHS = {"one K block": {}, "several K blocks": dict(kc_forward=20)}
+TINY_BLOCKS = dict(kc=24, kc_forward=20, nc=96)  # test_isa.PATHS' last
 
 
-@pytest.mark.parametrize("isa", [None, "avx2"], ids=["native", "avx2"])
-@pytest.mark.parametrize("path", list(TILE_STORE_PATHS))
+@pytest.mark.parametrize("path", ["native", "several K blocks", "avx2"])
 @pytest.mark.parametrize("name", list(TILE_STORE_CASES))
-def test_nchw_forward_tiles_stored_from_the_registers_match_the_reference(name, path, isa):
+def test_nchw_forward_tiles_stored_from_the_registers_match_the_reference(name, path):
     from convgen.runtime.kernels import settings
+    from grid import grid_dtype
 
-    if isa is not None and isa not in settings().toolchain.supported_isas():
-        pytest.skip(f"isa {isa} is not supported on this machine")
-    (n, c, h, w, f), kernel, kwargs = TILE_STORE_CASES[name]
-    overrides = dict(TILE_STORE_PATHS[path], **({"isa": isa} if isa else {}))
-    for dtype in (np.float32, np.float64):
+    (n, c, h, w, f), (kh, kw), kwargs = TILE_STORE_CASES[name]
+    window = resolve.conv_problem((n, c, h, w), (f, c // kwargs.get("groups", 1), kh, kw), np.dtype("float32"),
+                                  kwargs.get("stride", 1), kwargs.get("padding", 0), kwargs.get("dilation", 1),
+                                  kwargs.get("groups", 1), "NCHW").window
+    runs = {"native": ({}, (True, False), (np.float32, np.float64)),
+            "several K blocks": (TINY_BLOCKS, (False,), (np.float32, np.float64)),
+            "avx2": (dict(isa="avx2"), (True,), (np.dtype(grid_dtype(window, "NCHW")).type,))}
+    overrides, builds, dtypes = runs[path]
+    if path == "avx2" and "avx2" not in settings().toolchain.supported_isas():
+        pytest.skip("isa avx2 is not supported on this machine")
+    for dtype in dtypes:
         rng = seeded_rng("tile store", name, dtype)
         x = rng.standard_normal((n, c, h, w))
-        weight = rng.standard_normal((f, c // kwargs.get("groups", 1), kernel, kernel))
+        weight = rng.standard_normal((f, c // kwargs.get("groups", 1), kh, kw))
         bias = rng.standard_normal(f)
         residual = rng.standard_normal(reference.conv2d(x, weight, **kwargs).shape)
         for epilogue in ({}, dict(activation="relu", residual=residual)):
             want = reference.conv2d(x, weight, bias, **kwargs, **epilogue)
             cast = {key: value.astype(dtype) if isinstance(value, np.ndarray) else value for key, value in epilogue.items()}
-            for specialize in (True, False):
+            for specialize in builds:
                 with convgen.configure(**overrides):
                     y = convgen.conv2d(x.astype(dtype), weight.astype(dtype), bias.astype(dtype), algorithm="direct",
                                        specialize=specialize, **kwargs, **cast)
