@@ -502,6 +502,21 @@ def test_input_gradient_rounding_does_not_grow_with_the_filters(layout):
         assert error <= 3.5e-7, (specialize, error)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_rounding_does_not_grow_with_the_channels(layout):
+    """A 3x3 forward pass over 512 channels sums 4608 products a pixel. The pixel rows sum them in
+    blocks of 128 whose partial sums join a running sum: float32's error stays near PyTorch's
+    (measured 2.3e-7 relative here; one running sum measured 1.06e-6)."""
+    rng = np.random.default_rng(6)
+    x, weight = to_layout(rng.standard_normal((2, 512, 4, 4)), rng.standard_normal((32, 512, 3, 3)), layout)
+    want = reference.conv2d(x, weight, padding=1, layout=layout)
+    for specialize in (True, False):
+        y = convgen.conv2d(x.astype(np.float32), weight.astype(np.float32), padding=1, layout=layout,
+                           specialize=specialize, algorithm="direct")
+        error = np.linalg.norm(y - want) / np.linalg.norm(want)
+        assert error <= 3.5e-7, (specialize, error)
+
+
 @pytest.mark.parametrize("groups, size, moves", [(3, 9, True), (1, 9, False), (3, 7, False)],
                          ids=["grouped", "ungrouped", "grouped-small-image"])
 def test_nhwc_input_gradient_of_few_channels_per_group_can_take_the_pixel_rows(groups, size, moves):
