@@ -204,6 +204,8 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
                        DW_STREAM_BYTES=int(schedule.depthwise_stream_bytes),
                        DW_PIXEL_MAJOR_BYTES=int(schedule.depthwise_pixel_major_bytes),
                        DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
+        context.update(DW_FLAT_VECTORS=depthwise.flat_run_vectors(spec.window if spec.specialized else None, registers,
+                                                                   context["DW_UNROLLED"]))
     return context
 
 

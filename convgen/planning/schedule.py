@@ -77,7 +77,8 @@ class Schedule:
     # The NHWC depthwise forward pass of a window of at most 3x3 reads x pixel-major (a few pixels over
     # every channel at a time) also on rows long enough for its block-major path, when one pixel's
     # channels take at most this many bytes: there the block-major rows pass over x's lines once per
-    # vector of channels. 0: never (pixel-major on narrow rows only). Measured on AVX2 (the table).
+    # vector of channels. 0: never (pixel-major on narrow rows only). Measured on AVX2 and AVX-512 (the
+    # table; templates/depthwise/plan.c.j2 has the figures).
     depthwise_pixel_major_bytes: int = 0
     # Pixel-row kernels (templates/direct/rows/; every NHWC op, NCHW forward and dx of small
     # images): rows (pixels, or channels in the weight gradient) of a tile 1, 2, ... vectors of
@@ -163,7 +164,7 @@ class Schedule:
 _TABLE = {
     # kc_forward 1024 measured 3-7 % faster than 256 on the bench's 3x3 layers (one thread, AVX-512).
     "avx512": dict(vector_bytes=64, mr=8, nr_vectors=3, kc=256, kc_forward=1024, nc=384, depthwise_pixels=8,
-                   winograd_mr=8, winograd_nr_vectors=2,
+                   winograd_mr=8, winograd_nr_vectors=2, depthwise_pixel_major_bytes=1024,
                    pixel_rows=(12, 12, 8, 6), pixel_rows_dw=(16, 12, 8, 6), arch_flags=("-march=native",)),
     "avx2": dict(vector_bytes=32, mr=6, nr_vectors=2, kc=256, nc=384, depthwise_pixels=4, dot_filters=3,
                  dot_columns=3, pixel_rows_nchw_dw_all_windows=False, pixel_rows_nchw_dw_max_weights=0,
