@@ -112,8 +112,9 @@ def template_context(window: Window | None, registers: int = 16, rows: int = 1, 
 def flat_run_vectors(window: Window | None, registers: int, unrolled: bool) -> list[int]:
     """The channel counts, in vectors, whose NHWC forward pass reads a row's interior pixels as one flat
     run of reals (templates/depthwise/forward_nhwc_rows.c.j2): a specialized, unrolled stride-1 window
-    whose weights for m vectors of channels (m taps + biases each) stay in registers with 4 to spare."""
-    if window is None or not unrolled or window.stride[1] != 1:
+    whose weights for m vectors of channels (m taps + biases each) stay in registers with 4 to spare
+    (`unrolled`: the build is specialized and unrolls the window's taps)."""
+    if not unrolled or window.stride[1] != 1:
         return []
     taps = window.kernel[0] * window.kernel[1]
     return [m for m in (1, 2) if m * (taps + 1) + 4 <= registers]

@@ -197,15 +197,15 @@ def template_context(spec: ConvSpec, schedule: Schedule, ops=None, part: str = "
         context.update(_winograd_context(spec))
     if spec.family == "depthwise":
         taps = spec.window.kernel[0] * spec.window.kernel[1] if spec.specialized else None
+        unrolled = taps is not None and taps <= schedule.max_unrolled_taps
         registers = 32 if schedule.vector_bytes == 64 else 16  # AVX-512: 32 zmm; AVX2, SSE: 16
         context.update(depthwise.template_context(spec.window, registers, int(schedule.depthwise_rows),
                                                   int(schedule.depthwise_vectors)),
                        DW_PIXELS=int(schedule.depthwise_pixels), DW_VECTORS=int(schedule.depthwise_vectors),
                        DW_STREAM_BYTES=int(schedule.depthwise_stream_bytes),
                        DW_PIXEL_MAJOR_BYTES=int(schedule.depthwise_pixel_major_bytes),
-                       DW_UNROLLED=taps is not None and taps <= schedule.max_unrolled_taps)
-        context.update(DW_FLAT_VECTORS=depthwise.flat_run_vectors(spec.window if spec.specialized else None, registers,
-                                                                   context["DW_UNROLLED"]))
+                       DW_UNROLLED=unrolled,
+                       DW_FLAT_VECTORS=depthwise.flat_run_vectors(spec.window, registers, unrolled))
     return context
 
 
