@@ -143,11 +143,45 @@ def interface_symbol(entry: str) -> str:
     return f"cg_entry_{entry}"
 
 
+def address_symbol(entry: str) -> str:
+    """The name of op `entry`'s address form in the interface object (`address_signature`)."""
+    return f"cg_entry_{entry}_at"
+
+
+def address_signature(entry: str, spec: ConvSpec) -> str:
+    """The C declarator of op `entry`'s address form: its arrays as addresses (uintptr_t, 0 for NULL),
+    its scalars, then a pointer to its size arguments (`size_arguments`, in order) and nthreads.
+    What callers whose arrays are not NumPy's (PyTorch tensors) call: an int converts to an argument
+    at no cost where a pointer takes an ffi.cast, and one array of sizes where each size took one
+    conversion (on a tiny convolution from PyTorch, the call's arguments cost more than its C)."""
+    point = ENTRY_POINTS[entry]
+    params = [f"uintptr_t {name}" for _, name in point.arrays] + [f"{ctype} {name}" for ctype, name in point.scalars]
+    return f"{point.returns} {address_symbol(entry)}({', '.join(params + ['const int64_t *sizes', 'int nthreads'])})"
+
+
+def address_definition(entry: str, spec: ConvSpec) -> str:
+    """The C definition of op `entry`'s address form: a call of the entry point (`interface_symbol`)."""
+    point = ENTRY_POINTS[entry]
+    count = len(SIZE_PARAMS) + (0 if spec.specialized else len(WINDOW_PARAMS) + len(EPILOGUE_PARAMS))
+    arguments = ([f"({ctype.replace('real', spec.c_type)}){name}" for ctype, name in point.arrays]
+                 + [name for _, name in point.scalars] + [f"sizes[{i}]" for i in range(count)] + ["nthreads"])
+    return f"{address_signature(entry, spec)}\n{{\n    return {interface_symbol(entry)}({', '.join(arguments)});\n}}\n"
+
+
 def interface_cdef(spec: ConvSpec, ops=None) -> str:
     """The cffi declarations of the interface object of `spec`'s modules carrying `ops`: `cdef` under
-    the entry points' interface names, so it depends only on the dtype, the build (specialized or
-    generic) and the ops, never on the window."""
-    return "".join(f"{signature(ENTRY_POINTS[entry], spec, interface_symbol(entry))};\n" for entry in module_entries(ops))
+    the entry points' interface names, and each op's address form, so it depends only on the dtype,
+    the build (specialized or generic) and the ops, never on the window."""
+    entries = "".join(f"{signature(ENTRY_POINTS[entry], spec, interface_symbol(entry))};\n"
+                      for entry in module_entries(ops))
+    return entries + "".join(f"{address_signature(entry, spec)};\n" for entry in as_ops(ops))
+
+
+def interface_source(spec: ConvSpec, ops=None) -> str:
+    """The C source of the interface object beside cffi's wrapper of `interface_cdef`: the
+    declarations, and each op's address form defined on them. (What names and keys the object.)"""
+    return ("#include <stdint.h>\n" + interface_cdef(spec, ops)
+            + "".join(address_definition(op, spec) for op in as_ops(ops)))
 
 
 def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
@@ -166,4 +200,5 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
 
 __all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "PREPARED_ALIGN", "as_ops", "module_entries",
            "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "EPILOGUE_PARAMS", "ACTIVATION_IDS", "RESIDUAL_IDS", "parameters", "signature", "signatures", "cdef",
-           "interface_symbol", "interface_cdef", "size_arguments"]
+           "interface_symbol", "interface_cdef", "size_arguments", "address_symbol", "address_signature",
+           "address_definition", "interface_source"]

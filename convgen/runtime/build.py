@@ -199,9 +199,10 @@ def write_wrapper(module_name: str, rendered: Rendered, c_path: Path) -> None:
 
 def interface_module_name(rendered: Rendered) -> str:
     """The extension module name of the interface object `rendered` links (what its modules are
-    imported as): named after its declarations, which are all that make its wrapper differ."""
-    cdef = abi.interface_cdef(rendered.spec, rendered.ops)
-    return "_cg_interface_" + hashlib.sha256(cdef.encode()).hexdigest()[:24]
+    imported as): named after its source (its declarations and the address forms defined on them),
+    which is all that makes one differ from another."""
+    source = abi.interface_source(rendered.spec, rendered.ops)
+    return "_cg_interface_" + hashlib.sha256(source.encode()).hexdigest()[:24]
 
 
 def renamed_source(rendered: Rendered) -> str:
@@ -217,9 +218,10 @@ def renamed_source(rendered: Rendered) -> str:
 
 def write_interface(module_name: str, rendered: Rendered, c_path: Path) -> None:
     """The cffi C wrapper of the interface object of `rendered`, importable as `module_name`: its
-    declarations are the prototypes of the entry points the module's kernels define."""
-    cdef = abi.interface_cdef(rendered.spec, rendered.ops)
-    _write_cffi_source(module_name, cdef, "#include <stdint.h>\n" + cdef, rendered, c_path)
+    declarations are the prototypes of the entry points the module's kernels define, and it defines
+    each op's address form (`abi.address_definition`) on them."""
+    _write_cffi_source(module_name, abi.interface_cdef(rendered.spec, rendered.ops),
+                       abi.interface_source(rendered.spec, rendered.ops), rendered, c_path)
 
 
 def build_interface_object(name: str, rendered: Rendered, toolchain: Toolchain, build_dir: Path) -> Path:

@@ -87,6 +87,9 @@ class Kernels:
         self._c_array = spec.c_type + "[]"
         self._c_pointer = spec.c_type + " *"
         self._arguments: dict = {}  # id(problem) -> (problem, its size arguments), computed once per problem
+        self._address_forms: dict = {}  # op -> (its address form, its module's ffi), as modules load
+        # (id(problem), op) -> (problem, the address form, its size arguments as a C array, the epilogue's scalars)
+        self._address_calls: dict = {}
 
     def _render(self, ops=None) -> Rendered:
         return render(self.spec, self.settings.schedule(), self.settings.templates, ops=ops, split=True,
@@ -107,6 +110,7 @@ class Kernels:
                 self._queries[op] = {query: getattr(lib, abi.interface_symbol(query)) for query in abi.QUERIES}
                 self._entries[op] = (getattr(lib, abi.interface_symbol(op)), module.ffi.from_buffer, module.ffi.NULL,
                                      module.ffi.cast)
+                self._address_forms[op] = (getattr(lib, abi.address_symbol(op)), module.ffi)
                 self._modules[op] = (module, rendered)
 
     def _build(self, rendered: Rendered) -> bool:
@@ -213,12 +217,24 @@ class Kernels:
         """`call` with the arrays given by the addresses of their first elements (ints, 0 for NULL):
         for callers whose arrays are not NumPy's (PyTorch tensors). The memory must be what `call`
         requires of its arrays: C-contiguous, of the spec's dtype and of the problem's shapes."""
-        function, _, null, cast = self._entry(entry)
-        pointer = self._c_pointer
-        arguments = [cast(pointer, a) if a else null for a in addresses]
-        if entry == "fwd":  # its scalars: the epilogue's parameters
-            arguments += problem.epilogue.arguments
-        self._run(function, arguments, problem, nthreads)
+        found = self._address_calls.get((id(problem), entry))
+        if found is None or found[0] is not problem:
+            found = self._address_call(entry, problem)
+        _, function, sizes, scalars = found
+        if function(*addresses, *scalars, sizes, nthreads or num_threads()) != 0:
+            raise MemoryError(f"convgen kernel {self.spec} could not allocate its workspace")
+
+    def _address_call(self, entry: str, problem: Problem) -> tuple:
+        """What `call_addresses` calls for `entry` and `problem`, made once per problem (keyed by
+        identity, as `_sizes`; the entry holds the problem, so its id is not reused meanwhile)."""
+        self._entry(entry)  # (loads the module)
+        function, ffi = self._address_forms[entry]
+        scalars = tuple(problem.epilogue.arguments) if entry == "fwd" else ()  # the epilogue's parameters
+        found = (problem, function, ffi.new("int64_t[]", list(self._sizes(problem))), scalars)
+        if len(self._address_calls) >= 1024:
+            self._address_calls.clear()
+        self._address_calls[(id(problem), entry)] = found
+        return found
 
     def _entry(self, entry: str) -> tuple:
         """(C function, ffi.from_buffer, NULL, ffi.cast) of `entry`, its module loaded first if need be."""
@@ -370,7 +386,7 @@ def cache_key(rendered: Rendered, toolchain: Toolchain) -> str:
 
 def interface_key(rendered: Rendered, toolchain: Toolchain) -> str:
     """Hash of everything that changes the interface object a module links."""
-    return module_key("interface object", interface_module_name(rendered), abi.interface_cdef(rendered.spec, rendered.ops),
+    return module_key("interface object", interface_module_name(rendered), abi.interface_source(rendered.spec, rendered.ops),
                       toolchain.compiler, toolchain.version, " ".join(interface_cflags(toolchain)), __version__,
                       python_abi(), platform.machine())
 
