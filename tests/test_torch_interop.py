@@ -758,7 +758,7 @@ def test_weights_in_another_layout_are_copied_once_per_value(mode, weight_copies
     which are re-laid in place) reorders a copy of them: once per value when no gradient is taken,
     the copy laid out for the kernels on the second call like a weight that lies in the layout; every
     change the version counter sees, and a write through `.data` once forgotten, reaches the kernels;
-    weights being trained are copied on every call."""
+    weights being trained are copied once per step, the forward pass's copy serving its backward pass."""
     torch.manual_seed(7)
     x = torch.randn(2, 6, 9, 9).to(memory_format=torch.channels_last)
     weight, bias = torch.randn(8, 6, 3, 3), torch.randn(8)
@@ -787,9 +787,15 @@ def test_weights_in_another_layout_are_copied_once_per_value(mode, weight_copies
     trained = weight.clone().requires_grad_(True)
     cgt.conv2d(x, trained, bias, padding=1).sum().backward()  # (another signature: planned first)
     weight_copies.clear()
+    xg = x.clone().requires_grad_(True)
     for _ in range(2):
-        cgt.conv2d(x, trained, bias, padding=1).sum().backward()
-    assert len(weight_copies) == 2 * 2  # (the forward pass and the input gradient, each call)
+        trained.grad = xg.grad = None
+        cgt.conv2d(xg, trained, bias, padding=1).sum().backward()
+    assert len(weight_copies) == 2  # (one per step: the input gradient reads the forward pass's copy)
+    got = (xg.grad, trained.grad)
+    trained.grad = xg.grad = None
+    torch.nn.functional.conv2d(xg, trained, bias, padding=1).sum().backward()
+    assert _relative(got[0], xg.grad) <= 1e-5 and _relative(got[1], trained.grad) <= 1e-5
 
 
 def test_laid_out_weights_serve_concurrent_calls():

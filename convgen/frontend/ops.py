@@ -32,7 +32,7 @@ class _Call:
     `adjoint`, where the plan computes its input gradient (conv2d's dx, a transposed call's output)
     as a forward convolution (`planner.adjoint_forward`), the call of that convolution, else None."""
 
-    __slots__ = ("resolved", "problem", "plan", "empty", "adjoint", "entries", "_checked", "_settings")
+    __slots__ = ("resolved", "problem", "plan", "empty", "adjoint", "entries", "_checked", "_settings", "_spec")
 
     def __init__(self, resolved: Resolved, plan: planner.Plan, adjoint: "_Call | None" = None):
         self.resolved, self.problem, self.plan, self.adjoint = resolved, resolved.problem, plan, adjoint
@@ -42,11 +42,15 @@ class _Call:
         self._checked = None
         # a measured schedule variant builds its kernels with its own fields
         self._settings = with_schedule(settings(), plan.overrides) if plan.overrides else None
+        self._spec = plan.spec
 
     def kernels(self) -> Kernels:
         """The plan's kernels, looked up on each use (a dict lookup once loaded), so a call never
         reaches a module the process has let go of; their workspace is checked on first use."""
-        kernels = get_kernels(self.plan.spec, self._settings)
+        kernels = get_kernels(self._spec, self._settings)
+        # (later lookups with the spec object the loaded kernels' key holds: an equal spec of another
+        # call, compared field by field, made a lookup cost as much as a tiny convolution's C)
+        self._spec = kernels.spec
         if kernels is not self._checked:
             kernels.prepare(self.entries)
             _check_workspace(kernels, self.resolved, self.entries)

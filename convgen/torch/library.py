@@ -40,7 +40,7 @@ from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
 from ..planning.spec import Window, as_int, explicit_padding
 from ..runtime import wisdom
 from ..runtime.kernels import settings
-from ..runtime.memory import advise_huge_pages
+from ..runtime.memory import MIN_BYTES as HUGE_PAGES_MIN_BYTES, advise_huge_pages
 
 DTYPES = (torch.float32, torch.float64)
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -372,12 +372,41 @@ def _parameter_key(value):
     return (kind, value)
 
 
+def _immutable(value) -> bool:
+    """Whether `value` is an int, str, bool or None, or a tuple of such values: what an equal object
+    of the same identity always is."""
+    kind = type(value)
+    if kind is tuple or kind is torch.Size:
+        return all(_immutable(v) for v in value)
+    return kind is int or kind is str or kind is bool or value is None
+
+
+# The parameters of recent calls by identity -> (those parameter objects, their key), for parameters
+# of immutable values only: the entry holds the objects, so their ids are not reused while it lives,
+# and the same objects of immutable values are the same parameters. A module passes the same stride
+# and padding objects on every call, and so does a call written with constants; the key of the
+# values themselves (`_parameter_key`) costs a few microseconds, as much as a tiny convolution.
+_PARAMETER_KEYS: dict = {}
+
+
+def _parameters_key(params) -> tuple:
+    ids = tuple(map(id, params))
+    found = _PARAMETER_KEYS.get(ids)
+    if found is not None:
+        return found[1]
+    key = tuple([_parameter_key(p) for p in params])
+    if all(_immutable(p) for p in params):
+        if len(_PARAMETER_KEYS) >= _BOUND_MAX:
+            _PARAMETER_KEYS.clear()
+        _PARAMETER_KEYS[ids] = (params, key)
+    return key
+
+
 def _eager_key(kind_name, x, weight, bias, params):
     try:
         return (kind_name, x.shape, x.stride(), x.dtype, weight.shape, weight.stride(), weight.dtype,
                 None if bias is None else (bias.shape, bias.stride(), bias.dtype),
-                tuple([_parameter_key(p) for p in params]), settings(), torch.get_num_threads(),
-                wisdom.generation())
+                _parameters_key(params), settings(), torch.get_num_threads(), wisdom.generation())
     except TypeError:  # an unhashable parameter: the checks will say what is wrong with it
         return None
 
@@ -408,9 +437,13 @@ class LaidOut:
     def get(self, kernels, problem, weight, threads: int, trained: bool):
         """The laid-out weights for this call, or None (the kernels lay them out themselves). `trained`:
         a gradient of the weights is being taken (their values will change, or are being perturbed)."""
-        if trained or torch.is_inference(weight):  # (an inference tensor has no version counter)
+        if trained:
             return None
-        key, address, version = id(weight), weight.data_ptr(), weight._version
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor: it has no version counter
+            return None
+        key, address = id(weight), weight.data_ptr()
         state = self.states.get(key)
         if (state is None or state[0]() is not weight or state[1] != address or state[2] != version
                 or state[3] is not kernels):
@@ -454,7 +487,7 @@ class Bound:
 
     __slots__ = ("kind", "last", "unbatched", "forward_call", "backward_call", "params", "y_shape",
                  "x_ready", "weight_ready", "weight_stride", "bias_axes", "forward_weights", "input_gradient_weights",
-                 "relaid_weights", "image_strides")
+                 "relaid_weights", "image_strides", "dw_strides")
 
     def __init__(self, kind: Kind, x, weight, bias, params, unbatched: bool):
         """x is batched; `unbatched`: the calls of this signature give it without its batch dimension."""
@@ -480,6 +513,7 @@ class Bound:
         # weights that do not lie in it and that no gradient is taken of (see `_weight`)
         self.relaid_weights: dict = {}
         self.image_strides: dict = {}  # an image's shape in the layout's order -> its logical shape and strides
+        self.dw_strides = None  # a weight gradient's strides in the layout's order, made on first use
 
     def _x(self, x):
         return x if self.x_ready else _in_layout(self.kind, x, self.last)
@@ -519,9 +553,11 @@ class Bound:
         if found is None:
             t = torch.empty(array_shape, dtype=like.dtype, device="meta")
             t = t.permute(self.kind.from_last) if self.last else t
-            found = self.image_strides[array_shape] = (t.shape, t.stride())
-        t = torch.empty_strided(*found, dtype=like.dtype)
-        advise_huge_pages(t.data_ptr(), t.numel() * t.element_size())
+            found = self.image_strides[array_shape] = (t.shape, t.stride(), t.numel())
+        shape, strides, count = found
+        t = torch.empty_strided(shape, strides, dtype=like.dtype)
+        if count * t.element_size() >= HUGE_PAGES_MIN_BYTES:  # (smaller ones: not worth the call)
+            advise_huge_pages(t.data_ptr(), count * t.element_size())
         return t
 
     def run(self, x, weight, bias):
@@ -538,11 +574,12 @@ class Bound:
             return None
         return which.get(kernels, problem, weight, threads, trained)
 
-    def forward(self, x, weight, bias, trained: bool):
-        """y; `trained`: a gradient of the weights will be taken (they are not laid out ahead)."""
+    def forward(self, x, weight, bias, trained: bool, weight_in_order=None):
+        """y; `trained`: a gradient of the weights will be taken (they are not laid out ahead).
+        `weight_in_order`: what `_weight(weight, trained)` gives, if the caller has it already."""
         call = self.forward_call
         problem = call.problem
-        xa, (wa, kept) = self._x(x), self._weight(weight, trained)
+        xa, (wa, kept) = self._x(x), weight_in_order or self._weight(weight, trained)
         y = self._image(self.y_shape, x)
         if call.empty:  # no input values: every output is the bias alone
             y.zero_()
@@ -550,7 +587,7 @@ class Bound:
             _adjoint_input_gradient(call, xa, wa, y, torch.get_num_threads())
         else:
             kernels, threads = call.kernels(), torch.get_num_threads()
-            laid_out = self._laid_out(self.forward_weights, kernels, problem, wa, kept, threads, trained)
+            laid_out = self.forward_weights.get(kernels, problem, wa, threads, trained) if kept else None
             if not problem.transpose:
                 bias_address = 0 if bias is None else bias.contiguous().data_ptr()
                 kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
@@ -572,14 +609,16 @@ class Bound:
                 **_convgen_kwargs(kind, *self.params, last))
         return self.backward_call
 
-    def gradients(self, dy, x, weight, need_x: bool, need_w: bool):
-        """(dx, dw) of dy, each None unless needed."""
+    def gradients(self, dy, x, weight, need_x: bool, need_w: bool, weight_in_order=None):
+        """(dx, dw) of dy, each None unless needed. `weight_in_order`: what `_weight` gave the forward
+        pass of these weights (a copy of them in the layout's order is not made again)."""
         call = self._planned_backward()
         if call.empty:  # nothing multiplied: empty sums
             return (torch.zeros_like(x) if need_x else None), (torch.zeros_like(weight) if need_w else None)
         problem, kernels, threads = call.problem, call.kernels(), torch.get_num_threads()
         # (the backward pass runs without grad mode: whether the weights are trained is theirs to say)
-        dya, (wa, kept) = _in_layout(self.kind, dy, self.last), self._weight(weight, weight.requires_grad)
+        dya = _in_layout(self.kind, dy, self.last)
+        wa, kept = weight_in_order or self._weight(weight, weight.requires_grad)
         dx = dw = None
         if need_x and call.adjoint is not None:  # (conv2d's dx: a transposed call's backward has no adjoint)
             dx = self._image(problem.input_shape, dy)
@@ -602,10 +641,12 @@ class Bound:
             if self._weight_as_planned(weight):
                 dw = torch.empty_strided(weight.shape, weight.stride(), dtype=dy.dtype)
                 dw_address = dw.data_ptr()
-            else:
-                dw_array = torch.empty(problem.weight_shape, dtype=dy.dtype)
-                dw = dw_array.permute(self.kind.weight_from_last) if self.last else dw_array
-                dw_address = dw_array.data_ptr()
+            else:  # (the layout's order, as the weights' shape: no permuted view made per call)
+                if self.dw_strides is None:
+                    t = torch.empty(problem.weight_shape, device="meta")
+                    self.dw_strides = (t.permute(self.kind.weight_from_last) if self.last else t).stride()
+                dw = torch.empty_strided(weight.shape, self.dw_strides, dtype=dy.dtype)
+                dw_address = dw.data_ptr()
             first, second = (dya, xa) if not problem.transpose else (xa, dya)
             kernels.call_addresses("bwd_weight", problem, (first.data_ptr(), second.data_ptr(), dw_address), threads)
         return dx, dw
@@ -629,16 +670,24 @@ class _EagerAutograd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, bound, x, weight, bias):
         ctx.bound = bound
-        ctx.save_for_backward(x, weight)
-        return bound.forward(x, weight, bias, trained=weight.requires_grad)
+        trained = weight.requires_grad
+        in_order = bound._weight(weight, trained)
+        # a copy of the weights in the layout's order is kept for the backward pass (autograd's check
+        # of the saved weights' version guards it too)
+        ctx.kept = in_order[1]
+        ctx.save_for_backward(x, weight, None if in_order[0] is weight else in_order[0])
+        return bound.forward(x, weight, bias, trained, in_order)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        x, weight, copy = ctx.saved_tensors
         bound = ctx.bound
         need_x, need_w, need_bias = ctx.needs_input_grad[1:4]
-        dx, dw = bound.gradients(dy, x, weight, need_x, need_w) if need_x or need_w else (None, None)
+        # (without a copy the weights are read where they lie now: a call on the other layout may have
+        # re-laid them since the forward pass)
+        in_order = None if copy is None else (copy, ctx.kept)
+        dx, dw = bound.gradients(dy, x, weight, need_x, need_w, in_order) if need_x or need_w else (None, None)
         db = dy.sum(bound.bias_axes) if need_bias else None
         return None, dx, dw, db
 
@@ -737,15 +786,21 @@ def apply(kind_name: str, x, weight, bias, stride, padding, output_padding, dila
     """
     key = None
     if _eager(x, weight, bias):
+        wants_gradient = _wants_gradient(x, weight, bias)
         key = _eager_key(kind_name, x, weight, bias, (stride, padding, output_padding, dilation, groups, algorithm,
-                                                      padding_mode, _wants_gradient(x, weight, bias)))
+                                                      padding_mode, wants_gradient))
         bound = _BOUND.get(key) if key is not None else None
         if bound is not None:
             if module_weight and _module_weight_needs_relaying(bound, weight):
                 relay_weight(bound.kind, weight, bound.last)  # then the call is of another signature:
                 return apply(kind_name, x, weight, bias, stride, padding, output_padding, dilation, groups,
                              algorithm, padding_mode)
-            return bound.run(x, weight, bias)
+            if bound.unbatched:
+                return bound.run(x, weight, bias)
+            # (what `run` does, a call or two shorter: on a tiny convolution every call counts)
+            if wants_gradient:
+                return _EagerAutograd.apply(bound, x, weight, bias)
+            return bound.forward(x, weight, bias, False)
     kind = KINDS[kind_name]
     _check_tensors(kind, x, weight, bias)
     unbatched = x.dim() == kind.spatial + 1
