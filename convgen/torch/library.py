@@ -348,6 +348,11 @@ OPS = {name: _define(kind) for name, kind in KINDS.items()}  # name -> the regis
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _BOUND: dict = {}  # call signature -> Bound
 _BOUND_MAX = 1024
+# (the tests of `_eager`, looked up once: on a tiny convolution each attribute lookup counts)
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_transforms = torch._C._are_functorch_transforms_active
+_tracing = torch._C._get_tracing_state
 
 
 def _eager(x, weight, bias) -> bool:
@@ -358,8 +363,7 @@ def _eager(x, weight, bias) -> bool:
         return False
     if not (x.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu)):
         return False
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-                or torch._C._are_functorch_transforms_active() or torch._C._get_tracing_state())
+    return not (_is_compiling() or _dispatch_modes() or _functorch_transforms() or _tracing())
 
 
 def _parameter_key(value):
@@ -512,7 +516,7 @@ class Bound:
         # id(weight) -> (weakref to it, its data pointer, version, its copy in the layout's order), for
         # weights that do not lie in it and that no gradient is taken of (see `_weight`)
         self.relaid_weights: dict = {}
-        self.image_strides: dict = {}  # an image's shape in the layout's order -> its logical shape and strides
+        self.image_strides: dict = {}  # an image's shape in the layout's order -> its logical shape, strides and bytes
         self.dw_strides = None  # a weight gradient's strides in the layout's order, made on first use
 
     def _x(self, x):
@@ -530,9 +534,13 @@ class Bound:
         once per weight value, as `LaidOut` keys its layouts, and kept."""
         if self._weight_as_planned(weight):
             return weight, True
-        if trained or torch.is_inference(weight):  # (an inference tensor has no version counter)
+        try:
+            version = None if trained else weight._version
+        except RuntimeError:  # an inference tensor: it has no version counter
+            version = None
+        if version is None:
             return _weight_in_layout(self.kind, weight, self.last), False
-        key, address, version = id(weight), weight.data_ptr(), weight._version
+        key, address = id(weight), weight.data_ptr()
         state = self.relaid_weights.get(key)
         if state is None or state[0]() is not weight or state[1] != address or state[2] != version:
             with torch.inference_mode(False):  # (a normal tensor, which LaidOut can key, under inference_mode too)
@@ -553,11 +561,11 @@ class Bound:
         if found is None:
             t = torch.empty(array_shape, dtype=like.dtype, device="meta")
             t = t.permute(self.kind.from_last) if self.last else t
-            found = self.image_strides[array_shape] = (t.shape, t.stride(), t.numel())
-        shape, strides, count = found
+            found = self.image_strides[array_shape] = (t.shape, t.stride(), t.numel() * like.element_size())
+        shape, strides, nbytes = found
         t = torch.empty_strided(shape, strides, dtype=like.dtype)
-        if count * t.element_size() >= HUGE_PAGES_MIN_BYTES:  # (smaller ones: not worth the call)
-            advise_huge_pages(t.data_ptr(), count * t.element_size())
+        if nbytes >= HUGE_PAGES_MIN_BYTES:  # (smaller ones: not worth the call)
+            advise_huge_pages(t.data_ptr(), nbytes)
         return t
 
     def run(self, x, weight, bias):
