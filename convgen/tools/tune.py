@@ -82,13 +82,24 @@ def _layers(window, sizes, layouts=("NCHW", "NHWC"), depthwise=False):
             for n in (1, 8) for c, hw in sizes for layout in layouts]
 
 
+def _pointwise(sizes):
+    """1x1 layers of c -> f channels at hw x hw, at batch 1 and 8, in both layouts."""
+    return [Layer(Window.parse("k1s1p0"), n, c, hw, hw, f, 1, layout)
+            for n in (1, 8) for c, f, hw in sizes for layout in ("NCHW", "NHWC")]
+
+
 # `make tune`: layers of the benchmark's networks, at batch 1 and 8, in both layouts, float32:
 # ResNet's 3x3 stride-1 layers (direct by its rule or variants, or Winograd's tiles), its stride-2
-# 3x3 (the direct kernels' variants) and MobileNet's depthwise 3x3 (depthwise or direct).
+# 3x3 and 1x1 (the direct kernels' variants), MobileNet's depthwise 3x3 (depthwise or direct) and its
+# 1x1 expansions and projections (the direct kernels' variants: in NCHW at batch 8 on an AVX-512
+# Xeon the phase planes ran their backward pass 1.1-1.9x faster than the rule's choice).
 DEFAULT_LAYERS = (_layers("k3s1p1", [(64, 56), (128, 28), (256, 14), (512, 7)])
                   + [dataclasses.replace(layer, f=2 * layer.c)
-                     for layer in _layers("k3s2p1", [(64, 56), (128, 28), (256, 14)])]
-                  + _layers("k3s1p1", [(32, 112), (144, 56), (576, 14)], depthwise=True))
+                     for layer in _layers("k3s2p1", [(64, 56), (128, 28), (256, 14)])
+                     + _layers("k1s2p0", [(64, 56), (128, 28), (256, 14)])]
+                  + _layers("k3s1p1", [(32, 112), (144, 56), (576, 14)], depthwise=True)
+                  + _pointwise([(32, 192, 28), (192, 32, 28), (96, 576, 14), (576, 96, 14), (160, 960, 7),
+                                (960, 160, 7)]))
 
 
 @dataclasses.dataclass
