@@ -107,15 +107,19 @@ def module_entries(ops=None) -> tuple[str, ...]:
     return as_ops(ops) + QUERIES
 
 
+def size_parameters(spec: ConvSpec) -> tuple[str, ...]:
+    """The int64 parameters every entry point of `spec`'s module takes after its arrays and scalars:
+    the sizes, and in the generic build the window and the epilogue too (`size_arguments` order)."""
+    return SIZE_PARAMS if spec.specialized else SIZE_PARAMS + WINDOW_PARAMS + EPILOGUE_PARAMS
+
+
 def parameters(entry: EntryPoint, spec: ConvSpec) -> list[str]:
     """The C parameter list of `entry` in the module of `spec`, one "type name" string each."""
     params = ["int op"] if entry.op else []
     params += [f"{ctype.replace('real', spec.c_type)}{name}" if ctype.endswith("*") else f"{ctype} {name}"
                for ctype, name in entry.arrays]
     params += [f"{ctype} {name}" for ctype, name in entry.scalars]
-    params += [f"int64_t {name}" for name in SIZE_PARAMS]
-    if not spec.specialized:
-        params += [f"int64_t {name}" for name in WINDOW_PARAMS + EPILOGUE_PARAMS]
+    params += [f"int64_t {name}" for name in size_parameters(spec)]
     return params + ["int nthreads"]
 
 
@@ -162,9 +166,9 @@ def address_signature(entry: str, spec: ConvSpec) -> str:
 def address_definition(entry: str, spec: ConvSpec) -> str:
     """The C definition of op `entry`'s address form: a call of the entry point (`interface_symbol`)."""
     point = ENTRY_POINTS[entry]
-    count = len(SIZE_PARAMS) + (0 if spec.specialized else len(WINDOW_PARAMS) + len(EPILOGUE_PARAMS))
     arguments = ([f"({ctype.replace('real', spec.c_type)}){name}" for ctype, name in point.arrays]
-                 + [name for _, name in point.scalars] + [f"sizes[{i}]" for i in range(count)] + ["nthreads"])
+                 + [name for _, name in point.scalars]
+                 + [f"sizes[{i}]" for i in range(len(size_parameters(spec)))] + ["nthreads"])
     return f"{address_signature(entry, spec)}\n{{\n    return {interface_symbol(entry)}({', '.join(arguments)});\n}}\n"
 
 
@@ -201,4 +205,4 @@ def size_arguments(problem: Problem, specialized: bool) -> tuple[int, ...]:
 __all__ = ["EntryPoint", "ENTRY_POINTS", "OP_IDS", "OP_TITLES", "OPS", "QUERIES", "PREPARED_ALIGN", "as_ops", "module_entries",
            "PADDING_MODE_IDS", "SIZE_PARAMS", "WINDOW_PARAMS", "EPILOGUE_PARAMS", "ACTIVATION_IDS", "RESIDUAL_IDS", "parameters", "signature", "signatures", "cdef",
            "interface_symbol", "interface_cdef", "size_arguments", "address_symbol", "address_signature",
-           "address_definition", "interface_source"]
+           "address_definition", "interface_source", "size_parameters"]

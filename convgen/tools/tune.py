@@ -77,15 +77,11 @@ class Layer:
                     groups=self.groups, layout=self.layout)
 
 
-def _layers(window, sizes, layouts=("NCHW", "NHWC"), depthwise=False):
-    return [Layer(Window.parse(window), n, c, hw, hw, c, c if depthwise else 1, layout)
-            for n in (1, 8) for c, hw in sizes for layout in layouts]
-
-
-def _pointwise(sizes):
-    """1x1 layers of c -> f channels at hw x hw, at batch 1 and 8, in both layouts."""
-    return [Layer(Window.parse("k1s1p0"), n, c, hw, hw, f, 1, layout)
-            for n in (1, 8) for c, f, hw in sizes for layout in ("NCHW", "NHWC")]
+def _layers(window, sizes, depthwise=False):
+    """Layers of c channels at hw x hw (sizes: (c, hw), or (c, hw, f) for f filters, else c), at batch
+    1 and 8, in both layouts."""
+    return [Layer(Window.parse(window), n, c, hw, hw, f[0] if f else c, c if depthwise else 1, layout)
+            for n in (1, 8) for c, hw, *f in sizes for layout in ("NCHW", "NHWC")]
 
 
 # `make tune`: layers of the benchmark's networks, at batch 1 and 8, in both layouts, float32:
@@ -94,12 +90,11 @@ def _pointwise(sizes):
 # 1x1 expansions and projections (the direct kernels' variants: in NCHW at batch 8 on an AVX-512
 # Xeon the phase planes ran their backward pass 1.1-1.9x faster than the rule's choice).
 DEFAULT_LAYERS = (_layers("k3s1p1", [(64, 56), (128, 28), (256, 14), (512, 7)])
-                  + [dataclasses.replace(layer, f=2 * layer.c)
-                     for layer in _layers("k3s2p1", [(64, 56), (128, 28), (256, 14)])
-                     + _layers("k1s2p0", [(64, 56), (128, 28), (256, 14)])]
+                  + _layers("k3s2p1", [(64, 56, 128), (128, 28, 256), (256, 14, 512)])
+                  + _layers("k1s2p0", [(64, 56, 128), (128, 28, 256), (256, 14, 512)])
                   + _layers("k3s1p1", [(32, 112), (144, 56), (576, 14)], depthwise=True)
-                  + _pointwise([(32, 192, 28), (192, 32, 28), (96, 576, 14), (576, 96, 14), (160, 960, 7),
-                                (960, 160, 7)]))
+                  + _layers("k1s1p0", [(32, 28, 192), (192, 28, 32), (96, 14, 576), (576, 14, 96), (160, 7, 960),
+                                       (960, 7, 160)]))
 
 
 @dataclasses.dataclass
