@@ -355,7 +355,10 @@ def test_input_gradient_of_a_centred_nchw_window_on_small_planes_is_the_forward_
     # (groups of more than 16 channels and filters: fewer take planner.adjoint_forward, in Python)
     cases = [(2, 12, 6, 7, 20, (3, 3), 1, 1, 1), (1, 40, 5, 9, 36, (5, 3), (2, 1), 1, 2),
              (2, 34, 7, 6, 40, (3, 3), 2, 2, 2), (2, 16, 9, 9, 136, (3, 3), 1, 1, 1),
-             (1, 4, 40, 40, 8, (3, 3), 1, 1, 1)]
+             (1, 4, 40, 40, 8, (3, 3), 1, 1, 1),
+             # weights larger than the image: each work item packs one column tile's panel, and says
+             # whether its weights are finite
+             (1, 136, 3, 3, 40, (3, 3), 1, 1, 1)]
     for n, c, h, w, f, kernel, padding, dilation, groups in cases:
         rng = seeded_rng("centred dx as forward", dtype, c, h)
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
