@@ -50,7 +50,8 @@ CASES = [
     (1, 7, 9, 9, 11, Window((1, 1), 3, 0), 1),           # stride > kernel: phases without taps
     (2, 9, 4, 3, 13, Window((5, 5), 1, 2), 1),           # an image smaller than the window
     (1, 24, 1, 1, 130, Window((3, 3), 1, 1), 1),         # a 1x1 image; 130 filters = 2 x 64 + 2
-    # Weights larger than the image: NHWC forward items are chunks of column tiles of one block
+    # Weights larger than the image: forward items are chunks of column tiles of one block, or, where
+    # the column tiles share out evenly over the threads, one column tile over every block
     (1, 16, 5, 6, 150, Window((3, 3), 1, 1), 2),         # ... of each group, the tiles uneven over chunks
     (1, 32, 9, 10, 200, Window((3, 3), 1, 1), 1),        # ... of several pixel tiles
     (2, 10, 13, 13, 20, Window((4, 3), (2, 1), ((1, 2), (0, 1)), 1), 1),  # asymmetric padding
@@ -58,6 +59,7 @@ CASES = [
     (1, 6, 17, 17, 64, Window((3, 3), 1, 1), 1),         # NHWC dW in place: boxes of output rows
     (2, 40, 7, 6, 12, Window((3, 3), 1, 1), 1),          # NHWC dW in place, channels in the lanes
     (3, 20, 5, 7, 48, Window((1, 1), 1, 0), 2),          # NHWC 1x1 forward: runs of whole tiles, then the last pixels
+    (2, 24, 3, 3, 128, Window((3, 3), 1, 1), 1),         # weights larger than the images: a column tile over both
 ]
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
