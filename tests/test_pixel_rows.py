@@ -59,7 +59,7 @@ CASES = [
     (1, 6, 17, 17, 64, Window((3, 3), 1, 1), 1),         # NHWC dW in place: boxes of output rows
     (2, 40, 7, 6, 12, Window((3, 3), 1, 1), 1),          # NHWC dW in place, channels in the lanes
     (3, 20, 5, 7, 48, Window((1, 1), 1, 0), 2),          # NHWC 1x1 forward: runs of whole tiles, then the last pixels
-    (2, 24, 3, 3, 128, Window((3, 3), 1, 1), 1),         # weights larger than the images: a column tile over both
+    (2, 128, 3, 3, 128, Window((3, 3), 1, 1), 1),        # weights larger than the images: a column tile over both
 ]
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
