@@ -37,7 +37,7 @@ def test_specialized_source_has_no_window_loop(schedule, text):
 # The functions that loop over the taps, even specialized: run once per tap, they gain nothing from
 # literal taps but compile time (packing a tap's weights as panels, planning which taps a phase reads).
 PER_TAP_LOOP = re.compile(r"for \(int64_t tap = 0; tap < (\d+); \+\+tap\)")
-PER_TAP_FUNCTIONS = {"rows_pack_forward_nchw", "rows_pack_weights", "rows_phase_taps", "rows_phase_reach"}
+PER_TAP_FUNCTIONS = {"rows_pack_forward_unit", "rows_pack_row", "rows_phase_taps", "rows_phase_reach"}
 
 
 @pytest.mark.parametrize("text", ["k3s1p1", "k5s2p2", "k3x5s2x1p1x2d2"])
