@@ -92,7 +92,8 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
     specialized input gradient of a 1x1 window of stride 1 without padding, and in NCHW of a window
     with its zero padding centred, is the forward pass over dy with c and f swapped,
     render.dx_is_forward: its plans are the generic forward pass's of that problem, a 1x1 window's
-    with the turned weights in its workspace; a larger window's, where that forward pass takes the
+    with a turned copy of the weights in its workspace (but where NHWC's pixel rows read them where
+    they lie); a larger window's, where that forward pass takes the
     pixel rows, with room in its prepared weights for the input gradient's own panels too, which
     weights holding inf or NaN take.)"""
     from convgen.codegen.render import dx_is_forward
@@ -120,9 +121,13 @@ def test_specialized_and_generic_builds_plan_every_call_alike(name):
                 own = (generic.workspace_bytes(op, problem, threads), generic.threads(op, problem, threads),
                        generic.prepared_size(op, problem))
                 if op == "bwd_data" and turned is not None and kh * kw == 1:
+                    # the forward pass's, with a turned copy of the weights, or (NHWC's pixel rows,
+                    # which read the weights where they lie: test_gradients.py pins where) without
                     turned_weights = c * (f // groups) * np.dtype(dtype).itemsize
-                    expected = (generic.workspace_bytes("fwd", turned, threads) + turned_weights,
-                                generic.threads("fwd", turned, threads), generic.prepared_size("fwd", turned))
+                    as_forward = (generic.workspace_bytes("fwd", turned, threads),
+                                  generic.threads("fwd", turned, threads), generic.prepared_size("fwd", turned))
+                    with_copy = (as_forward[0] + turned_weights, *as_forward[1:])
+                    expected = as_forward if layout == "NHWC" and got == as_forward else with_copy
                 elif op == "bwd_data" and turned is not None:
                     # where the forward pass over dy takes its pixel rows (small planes: test_gradients.py
                     # pins which), else the input gradient's own kernels
