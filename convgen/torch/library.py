@@ -439,23 +439,25 @@ class LaidOut:
     """
 
     __slots__ = ("entry", "states")
-    _NOTHING = False  # the entry reads these weights as they are: nothing to lay out
+    NONE = (None, 0)  # nothing laid out: the kernels read the weights as they are, or lay them out themselves
 
     def __init__(self, entry: str):
         self.entry = entry
-        # id(weight) -> (weakref to it, its data pointer, version, the kernels, laid out | None | _NOTHING),
-        # one per weight tensor: layers of the same signature (ResNet's repeated blocks) share a Bound
+        # id(weight) -> (weakref to it, its data pointer, version, the kernels, (laid out, its address), or
+        # None before the second call), one per weight tensor: layers of the same signature (ResNet's
+        # repeated blocks) share a Bound
         self.states: dict = {}
 
     def get(self, kernels, problem, weight, threads: int, trained: bool):
-        """The laid-out weights for this call, or None (the kernels lay them out themselves). `weight`:
-        in the layout's order and kept, as `Bound._weight` says (a copy new on every call is never
-        asked about). `trained`: a gradient of the weights is being taken (their values will change,
-        or are being perturbed). (The caller holds the array until the kernel returns: another thread
-        may drop it from here meanwhile.)"""
+        """(the laid-out weights for this call, their address), or `NONE`. `weight`: in the layout's
+        order and kept, as `Bound._weight` says (a copy new on every call is never asked about).
+        `trained`: a gradient of the weights is being taken (their values will change, or are being
+        perturbed). (The caller holds the array until the kernel returns: another thread may drop it
+        from here meanwhile. Its address is kept with it: NumPy's `ctypes.data` costs a microsecond
+        and a half, more than a tiny convolution's whole C call.)"""
         version = None if trained else _version(weight)
         if version is None:
-            return None
+            return self.NONE
         key, address = id(weight), weight.data_ptr()
         state = self.states.get(key)
         if (state is None or state[0]() is not weight or state[1] != address or state[2] != version
@@ -463,13 +465,13 @@ class LaidOut:
             # seen once with these values: not laid out yet (a training step changes them before the next call)
             self.states[key] = (weakref.ref(weight, functools.partial(self._dropped, key)), address, version,
                                 kernels, None)
-            return None
+            return self.NONE
         laid_out = state[4]
         if laid_out is None:  # the second call with these values
-            laid_out = kernels.prepare_weights(self.entry, problem, address, threads)
-            laid_out = self._NOTHING if laid_out is None else laid_out
+            array = kernels.prepare_weights(self.entry, problem, address, threads)
+            laid_out = self.NONE if array is None else (array, array.ctypes.data)
             self.states[key] = (*state[:4], laid_out)
-        return None if laid_out is self._NOTHING else laid_out
+        return laid_out
 
     def _dropped(self, key, reference) -> None:
         """The weight tensor is gone: so is its layout (unless its id already names another's)."""
@@ -486,10 +488,6 @@ def forget_laid_out_weights() -> None:
         bound.forward_weights.states.clear()
         bound.input_gradient_weights.states.clear()
         bound.relaid_weights.clear()
-
-
-def _address(array) -> int:
-    return 0 if array is None else array.ctypes.data
 
 
 class Bound:
@@ -593,13 +591,14 @@ class Bound:
             _adjoint_input_gradient(call, xa, wa, y, torch.get_num_threads())
         else:
             kernels, threads = call.kernels(), torch.get_num_threads()
-            laid_out = self.forward_weights.get(kernels, problem, wa, threads, trained) if kept else None
+            laid_out, laid_out_address = (self.forward_weights.get(kernels, problem, wa, threads, trained) if kept
+                                          else LaidOut.NONE)
             if not problem.transpose:
                 bias_address = 0 if bias is None else bias.contiguous().data_ptr()
-                kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
+                kernels.call_addresses("fwd", problem, (xa.data_ptr(), wa.data_ptr(), laid_out_address,
                                                         bias_address, 0, y.data_ptr()), threads)
             else:
-                kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), _address(laid_out),
+                kernels.call_addresses("bwd_data", problem, (xa.data_ptr(), wa.data_ptr(), laid_out_address,
                                                              y.data_ptr()), threads)
         if bias is not None and (call.empty or problem.transpose):
             y += bias.view(-1, *([1] * self.kind.spatial))
@@ -631,13 +630,14 @@ class Bound:
             _adjoint_input_gradient(call, dya, wa, dx, threads)
         elif need_x:
             dx = self._image(problem.input_shape, dy)
-            laid_out = (self.input_gradient_weights.get(kernels, problem, wa, threads, weight.requires_grad)
-                        if kept else None)
+            laid_out, laid_out_address = (
+                self.input_gradient_weights.get(kernels, problem, wa, threads, weight.requires_grad) if kept
+                else LaidOut.NONE)
             if not problem.transpose:
-                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out),
+                kernels.call_addresses("bwd_data", problem, (dya.data_ptr(), wa.data_ptr(), laid_out_address,
                                                              dx.data_ptr()), threads)
             else:
-                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), _address(laid_out), 0, 0,
+                kernels.call_addresses("fwd", problem, (dya.data_ptr(), wa.data_ptr(), laid_out_address, 0, 0,
                                                         dx.data_ptr()), threads)
         if need_w:
             xa = self._x(x)
