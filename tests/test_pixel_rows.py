@@ -60,6 +60,9 @@ CASES = [
     (2, 40, 7, 6, 12, Window((3, 3), 1, 1), 1),          # NHWC dW in place, channels in the lanes
     (3, 20, 5, 7, 48, Window((1, 1), 1, 0), 2),          # NHWC 1x1 forward: runs of whole tiles, then the last pixels
     (2, 128, 3, 3, 128, Window((3, 3), 1, 1), 1),        # weights larger than the images: a column tile over both
+    # NCHW tiles of the pixels whose windows' top (or bottom) rows lie in the zero padding skip them
+    (2, 16, 7, 8, 24, Window((3, 3), 1, 2, 2), 1),       # ... one or two rows, at dilation 2
+    (3, 16, 9, 9, 20, Window((5, 5), 2, (3, 1)), 1),     # ... at stride 2, three rows above, one below
 ]
 VARIANTS = pytest.mark.parametrize("specialize", [True, False], ids=["specialized", "generic"])
 
