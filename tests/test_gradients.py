@@ -361,7 +361,9 @@ def test_input_gradient_of_a_centred_nchw_window_on_small_planes_is_the_forward_
              (1, 4, 40, 40, 8, (3, 3), 1, 1, 1),
              # weights larger than the image: each work item packs one column tile's panel, and says
              # whether its weights are finite
-             (1, 136, 3, 3, 40, (3, 3), 1, 1, 1)]
+             (1, 136, 3, 3, 40, (3, 3), 1, 1, 1),
+             # a window of fewer taps than half a vector, turned round in whole vectors
+             (1, 32, 6, 7, 40, (1, 3), (0, 1), 1, 1)]
     for n, c, h, w, f, kernel, padding, dilation, groups in cases:
         rng = seeded_rng("centred dx as forward", dtype, c, h)
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
