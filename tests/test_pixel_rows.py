@@ -291,6 +291,32 @@ def test_nhwc_1x1_weight_gradient_of_few_filters(case, dtype, specialize, thread
                                 threads, {})
 
 
+# (n, c, h, w, f, window, groups) of groups with as many filters as channels, 1 to 8 of them
+SMALL_GROUPS = [
+    (2, 64, 9, 11, 64, Window((3, 3), 1, 1), 32),              # 2 a group: both diagonals in one pass (AVX-512)
+    (3, 64, 10, 7, 64, Window((5, 5), 2, 2), 16),              # 4 a group, stride 2
+    (2, 32, 12, 12, 32, Window((3, 3), 1, 2, 2), 4),           # 8 a group, dilation 2
+    (2, 32, 7, 9, 32, Window((2, 3), (2, 1), ((1, 0), (2, 1))), 16),  # rectangular window, asymmetric padding
+    (2, 16, 3, 4, 16, Window((5, 5), 1, 4), 8),                # every tap at the border; fewer rows than items
+    (2, 32, 8, 8, 32, Window((1, 1), 1, 0), 32),               # one a group (depthwise, taken as direct)
+    (1, 16, 6, 5, 16, Window((7, 7), 1, 3), 8),                # 49 taps: too many to unroll
+    (2, 24, 6, 6, 24, Window((3, 3), 1, 1), 12),               # 24 channels: a partial vector on AVX-512
+]
+
+
+@pytest.mark.parametrize("specialize, dtype", [(True, "float32"), (False, "float32"), (False, "float64")],
+                         ids=["specialized-float32", "generic-float32", "generic-float64"])
+@pytest.mark.parametrize("case", SMALL_GROUPS, ids=_ids)
+def test_nhwc_weight_gradient_of_small_groups_by_diagonals(case, dtype, specialize, threads):
+    """Groups of at most 8 channels and as many filters (zero padding, whole vectors of channels)
+    take the weight gradient by diagonals: filter m of a group against its channel (m + d) % cg is a
+    depthwise weight gradient of x against dy rotated by d within each group (rows_dw_diagonal).
+    The reference's dW, and the same bits on 1, 2 and 3 threads (the items' parts of the rows depend
+    on the sizes only)."""
+    _check_nhwc_weight_gradient(seeded_rng("pixel rows dW diagonals", case, dtype), case, dtype, specialize,
+                                threads, {})
+
+
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("channels", [3, 20])
 @pytest.mark.parametrize("mode, dtype", [("zeros", "float32"), ("zeros", "float64"), ("reflect", "float64"),
