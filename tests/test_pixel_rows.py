@@ -301,6 +301,7 @@ SMALL_GROUPS = [
     (2, 32, 8, 8, 32, Window((1, 1), 1, 0), 32),               # one a group (depthwise, taken as direct)
     (1, 16, 6, 5, 16, Window((7, 7), 1, 3), 8),                # 49 taps: too many to unroll
     (2, 24, 6, 6, 24, Window((3, 3), 1, 1), 12),               # 24 channels: a partial vector on AVX-512
+    (2, 32, 6, 20, 32, Window((3, 3), 1, 1), 16),              # rows of more pixels than a register block
 ]
 
 
@@ -315,6 +316,47 @@ def test_nhwc_weight_gradient_of_small_groups_by_diagonals(case, dtype, speciali
     on the sizes only)."""
     _check_nhwc_weight_gradient(seeded_rng("pixel rows dW diagonals", case, dtype), case, dtype, specialize,
                                 threads, {})
+
+
+@pytest.mark.parametrize("specialize, dtype", [(True, "float32"), (False, "float64")],
+                         ids=["specialized-float32", "generic-float64"])
+@pytest.mark.parametrize("case", SMALL_GROUPS, ids=_ids)
+def test_nhwc_small_groups_forward_and_input_gradient_by_diagonals(case, dtype, specialize, threads):
+    """The forward pass of groups of 2, 4 or 8 channels and as many filters (zero padding, whole
+    vectors of channels) by diagonals: the sums of each diagonal d, x against the weights of filter
+    m of a group and its channel (m + d) % cg in lane m + d, rotated by d into the filters' lanes.
+    With the bias and a fused activation and residual (applied once a row is whole). The input
+    gradient: at stride 1 with centred padding that forward pass over dy (planner.adjoint_forward),
+    else gathered from dy by diagonals the same way, each pixel taking the taps that land on an
+    output pixel (strides, uncentred padding; also the transposed convolution's output). The
+    reference's y and dx, and the same bits on 1, 2 and 3 threads."""
+    rng = seeded_rng("pixel rows diagonal forward", case, dtype)
+    x, weight, bias = _arrays(rng, case, dtype, "NHWC")
+    kw = dict(_kwargs(case), layout="NHWC")
+    y = reference.conv2d(x, weight, bias, **kw)
+    residual = rng.standard_normal(y.shape).astype(dtype)
+    want = np.maximum(y + residual, 0)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx_expected = reference.conv2d_backward(dy, x, weight, **kw)[0]
+    results = []
+    for count in (1, 2, 3):
+        threads(count)
+        got = convgen.conv2d(x, weight, bias, **kw, activation="relu", residual=residual, algorithm="direct",
+                             specialize=specialize)
+        dx = convgen.conv2d_backward(dy, x, weight, **kw, algorithm="direct", specialize=specialize)[0]
+        assert_close(got, want, dtype, f"y on {count} threads")
+        assert_close(dx, dx_expected, dtype, f"dx on {count} threads")
+        results.append((got, dx))
+    # conv_transpose2d(dy) with these weights is conv2d's input gradient, output_padding aside
+    window, (h, w) = case[5], case[2:4]
+    output_padding = tuple((size + sum(pads) - extent) % s for size, pads, extent, s in zip(
+        (h, w), window.padding, window.effective_kernel, window.stride))
+    transposed = convgen.conv_transpose2d(dy, weight, **kw, output_padding=output_padding, algorithm="direct",
+                                          specialize=specialize)
+    assert_close(transposed, dx_expected, dtype, "conv_transpose2d")
+    for count, (got, dx) in zip((2, 3), results[1:]):
+        np.testing.assert_array_equal(got, results[0][0], err_msg=f"y on {count} threads")
+        np.testing.assert_array_equal(dx, results[0][1], err_msg=f"dx on {count} threads")
 
 
 @pytest.mark.parametrize("count", [1, 2])

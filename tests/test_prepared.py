@@ -23,6 +23,7 @@ CASES = [
     (2, 3, 30, 16, 5, 1, 2, 1, "direct"),
     (2, 16, 9, 24, 3, 1, 1, 1, "winograd"),
     (2, 16, 8, 16, 3, 1, 1, 16, "depthwise"),
+    (2, 32, 9, 32, 3, 2, 1, 16, "direct"),   # groups of 2 channels: the forward pass by diagonals in NHWC
 ]
 
 

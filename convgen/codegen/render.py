@@ -288,7 +288,7 @@ _CORE_NAME = re.compile(r"^(?:CG_CORE|CG_PLAN) [^;{}(]*?\b(\w+)\(", re.M)
 # and a Winograd window's, which calls no pixel rows, the common part alone.
 CORE_PARTS = {
     "rows": re.compile(r"rows_igemm_\d+|rows_gemm_run_\d+|rows_bias_rows|rows_pad_dy_band"),
-    "dw": re.compile(r"dw_\w+|dy_rows|rows_inside|rows_box_sum_\d+|rows_gemm_add_\d+"),
+    "dw": re.compile(r"dw_\w+|dy_rows|rows_box_sum_\d+|rows_gemm_add_\d+"),
 }
 
 
