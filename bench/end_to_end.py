@@ -12,7 +12,10 @@ after warm-up calls that compile any kernel the cache lacks (and, in inference, 
 weights: the second call of a weight no gradient is taken of). Accuracy columns: the converted
 model's output against PyTorch's (max |Δ| / max |PyTorch's|); for training, the parameters' gradients
 of each library against the same step computed in float64 (‖g − g64‖ / ‖g64‖ over all parameters),
-the geometric mean over ten inputs (three with --quick).
+the geometric mean over ten inputs (three with --quick); then against the float64 step made to take
+the float32 step's own decisions (`DECIDING`: which values each ReLU passes and each max-pool picks),
+what each library's rounding alone does to the gradients; and how many decisions flipped against
+float64's.
 Writes bench/results/end_to_end.md, naming the CPU.
 """
 
@@ -62,6 +65,70 @@ def _gradients(model, x) -> list:
     torch.manual_seed(1)  # the same dropout masks (MobileNetV2's) in every library and dtype
     _loss(model(x)).backward()
     return [p.grad.detach().clone() for p in model.parameters()]
+
+
+# The layers that decide on values in a training step: which inputs a ReLU (ReLU6) passes, which one
+# a max-pool picks. Where a float32 step's decision flips against float64's (a value within rounding
+# of 0, or of its neighbour), its gradient takes another path: ResNet-18's gradients moved 1e-4 to
+# 1e-2 from float64 with a flip, 7e-6 without, in both libraries alike. Over ten inputs the number of
+# inputs with a flip decides the geometric mean more than rounding does; the float64 step replaying
+# the float32 step's decisions measures the rounding alone.
+DECIDING = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.MaxPool2d)
+
+
+def _decision(module, inputs, output):
+    """What a DECIDING module decided in one call: the max-pool's indices, or where the activation
+    passed its input (for ReLU6 also where it clipped at 6)."""
+    if isinstance(module, torch.nn.MaxPool2d):
+        return torch.nn.functional.max_pool2d(inputs[0], module.kernel_size, module.stride, module.padding,
+                                              module.dilation, module.ceil_mode, return_indices=True)[1]
+    if isinstance(module, torch.nn.ReLU6):
+        return (output > 0) & (output < 6), output >= 6
+    return output > 0
+
+
+def _replay(module, decision, x):
+    """The module's output on x under a recorded decision (gradients follow it)."""
+    if isinstance(module, torch.nn.MaxPool2d):
+        n, c = x.shape[:2]
+        return x.reshape(n, c, -1).gather(2, decision.reshape(n, c, -1)).reshape(decision.shape)
+    if isinstance(module, torch.nn.ReLU6):
+        passed, clipped = decision
+        return torch.where(passed, x, torch.where(clipped, torch.full_like(x, 6.0), torch.zeros_like(x)))
+    return torch.where(decision, x, torch.zeros_like(x))
+
+
+def _recorded_gradients(model, x) -> tuple[list, list]:
+    """`_gradients(model, x)` and the decisions its DECIDING modules took, in call order."""
+    decisions = []
+    hooks = [m.register_forward_hook(lambda m, i, o: decisions.append(_decision(m, i, o)))
+             for m in model.modules() if isinstance(m, DECIDING)]
+    try:
+        return _gradients(model, x), decisions
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _replayed_gradients(model, x, decisions) -> list:
+    """`_gradients(model, x)` with its DECIDING modules taking `decisions` (in call order) instead of
+    deciding (a module called twice a step, as ResNet's blocks call their ReLU, takes two)."""
+    queue = iter(decisions)
+    deciding = [m for m in model.modules() if isinstance(m, DECIDING)]
+    for module in deciding:
+        module.forward = lambda x, module=module: _replay(module, next(queue), x)
+    try:
+        return _gradients(model, x)
+    finally:
+        for module in deciding:
+            del module.forward
+
+
+def _flips(decisions, reference) -> int:
+    """How many of the decisions differ from the reference run's."""
+    def leaves(d):
+        return d if isinstance(d, tuple) else (d,)
+    return sum(int((a != b).sum()) for d, r in zip(decisions, reference) for a, b in zip(leaves(d), leaves(r)))
 
 
 def _gradient_error(grads, reference) -> float:
@@ -120,16 +187,23 @@ def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int,
         # (MobileNetV2: PyTorch's own error 6.7e-3 to 1.7e-2 over four inputs): the geometric mean
         # over `accuracy_inputs` inputs, of which x is the first.
         exact = copy.deepcopy(reference).double()
-        errors = {"torch": [], "convgen": []}
+        errors = {"torch": [], "convgen": []}  # against float64's own step
+        replayed = {"torch": [], "convgen": []}  # against float64 taking the library's decisions
+        flips = {"torch": 0, "convgen": 0}
         for k in range(accuracy_inputs):
             xk = x if k == 0 else torch.randn(x.shape, generator=torch.Generator().manual_seed(k)).to(
                 memory_format=FORMATS[fmt])
-            want = _gradients(exact, xk.double())
-            errors["torch"].append(_gradient_error(_gradients(reference, xk), want))
-            errors["convgen"].append(_gradient_error(_gradients(converted, xk), want))
+            want, exact_decisions = _recorded_gradients(exact, xk.double())
+            for library, model in (("torch", reference), ("convgen", converted)):
+                grads, decisions = _recorded_gradients(model, xk)
+                errors[library].append(_gradient_error(grads, want))
+                replayed[library].append(_gradient_error(grads, _replayed_gradients(exact, xk.double(), decisions)))
+                flips[library] += _flips(decisions, exact_decisions)
         row["accuracy_inputs"] = accuracy_inputs
-        row["torch_grad_error"] = statistics.geometric_mean(errors["torch"])
-        row["convgen_grad_error"] = statistics.geometric_mean(errors["convgen"])
+        for library in ("torch", "convgen"):
+            row[f"{library}_grad_error"] = statistics.geometric_mean(errors[library])
+            row[f"{library}_grad_error_same_decisions"] = statistics.geometric_mean(replayed[library])
+        row["torch_flips"], row["convgen_flips"] = flips["torch"], flips["convgen"]
     samples = {"torch": [], "convgen": []}
     for r in range(repeat):
         order = (("torch", reference), ("convgen", converted))
@@ -149,7 +223,9 @@ def table(rows: list) -> list[str]:
             accuracy = f"output vs PyTorch {r['error']:.1e}"
         else:
             accuracy = (f"grads vs float64, over {r['accuracy_inputs']} inputs: PyTorch {r['torch_grad_error']:.1e}, "
-                        f"convgen {r['convgen_grad_error']:.1e}")
+                        f"convgen {r['convgen_grad_error']:.1e}; float64 taking float32's decisions: PyTorch "
+                        f"{r['torch_grad_error_same_decisions']:.1e}, convgen {r['convgen_grad_error_same_decisions']:.1e}; "
+                        f"decisions flipped: PyTorch {r['torch_flips']}, convgen {r['convgen_flips']}")
         lines.append(f"| {r['model']} | {r['format']} | {r['mode']} batch {r['batch']}, {r['size']}² | "
                      f"{r['torch_ms']:.1f} | {r['convgen_ms']:.1f} | {r['speedup']:.2f}× | {accuracy} |")
     speedups = [r["speedup"] for r in rows]

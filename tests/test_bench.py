@@ -555,13 +555,48 @@ def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[3]) > 0 and float(cells[4]) > 0
-        numbers = [float(v.rstrip(",")) for v in cells[6].split() if v[0].isdigit()]
+        numbers = [float(v.rstrip(",;")) for v in cells[6].split() if v[0].isdigit()]
         if "output vs PyTorch" in cells[6]:
             assert numbers[0] < 1e-4
-        else:  # "grads vs float64, over 3 inputs: PyTorch e1, convgen e2"
-            inputs, torch_error, convgen_error = numbers
+        else:  # "grads vs float64, over 3 inputs: PyTorch e1, convgen e2; float64 taking float32's
+            # decisions: PyTorch e3, convgen e4; decisions flipped: PyTorch k1, convgen k2"
+            inputs, torch_error, convgen_error, torch_same, convgen_same, torch_flips, convgen_flips = numbers
             assert inputs == 3  # (--quick)
             assert convgen_error <= 2 * torch_error + 1e-7
+            assert 0 < convgen_same <= 2 * torch_same + 1e-7 and torch_same > 0
+            assert torch_flips >= 0 and convgen_flips >= 0 and torch_flips == int(torch_flips)
+
+
+def test_end_to_end_accuracy_replays_a_steps_decisions():
+    """The float64 step replaying decisions (bench/end_to_end.py): replaying a run's own decisions
+    gives that run's gradients (ReLU used twice a step, ReLU6, a max-pool); one decision flipped
+    (a ReLU that passed a value the max-pool picks now blocks it) moves them and is counted; the
+    modules decide again afterwards."""
+    import torch
+    sys.path.insert(0, str(BENCH))
+    try:
+        from end_to_end import _flips, _recorded_gradients, _replayed_gradients
+    finally:
+        sys.path.remove(str(BENCH))
+    nn = torch.nn
+    torch.manual_seed(0)
+    relu = nn.ReLU(inplace=True)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), relu, nn.MaxPool2d(3, 2, 1), nn.Conv2d(4, 4, 3, padding=1),
+                          relu, nn.Conv2d(4, 4, 1), nn.ReLU6()).double()
+    with torch.no_grad():
+        model[5].bias.copy_(torch.tensor([-1.0, 0.5, 5.9, 8.0]))  # values below 0, between, past ReLU6's 6
+    x = torch.randn(2, 2, 8, 8, dtype=torch.float64)
+    grads, decisions = _recorded_gradients(model, x)
+    assert len(decisions) == 4 and decisions[3][1].any() and decisions[3][0].any()  # ReLU, pool, ReLU, ReLU6
+    replayed = _replayed_gradients(model, x, decisions)
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(grads, replayed))
+    assert not any("forward" in vars(m) for m in model.modules())  # the modules decide again
+    flipped = [d.clone() if isinstance(d, torch.Tensor) else d for d in decisions]
+    plane = flipped[0][0, 0].view(-1)  # the first ReLU's decisions on the first channel
+    plane[next(i for i in decisions[1][0, 0].view(-1).tolist() if plane[i])] = False  # one the max-pool picks
+    assert _flips(flipped, decisions) == 1 and _flips(decisions, decisions) == 0
+    moved = _replayed_gradients(model, x, flipped)
+    assert not all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(grads, moved))
 
 
 def test_inference_bench_times_a_fused_model_and_checks_it(tmp_path):
