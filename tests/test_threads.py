@@ -136,6 +136,37 @@ def test_weight_gradient_summed_from_each_threads_gradient(dtype, threads):
     assert_close(dw, expected, dtype, "dw summed from two threads' gradients")
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_gradient_of_few_units_splits_the_columns(layout, dtype, threads):
+    """8 images of 7 × 7 make four units of the phase planes' weight gradient, too few for a private
+    gradient per thread (72 × 130 × 3 × 3 here): on 2 threads the work items own blocks of the (channel,
+    tap) columns and sum straight into one gradient (in NCHW dw itself: 2 threads ask for twice the
+    memory of one, not that and two private gradients), on 3 they split the filters; the reference's
+    result on 1, 2 and 3 threads."""
+    from convgen.frontend import ops
+    from convgen.planning.planner import VARIANTS
+
+    rng = seeded_rng("dw column split", layout, np.dtype(dtype).name)
+    x = rng.standard_normal((8, 130, 7, 7)).astype(dtype)
+    w = rng.standard_normal((72, 130, 3, 3)).astype(dtype)
+    dy = rng.standard_normal((8, 72, 7, 7)).astype(dtype)
+    if layout == "NHWC":
+        x, w, dy = x.transpose(0, 2, 3, 1).copy(), w.transpose(2, 3, 1, 0).copy(), dy.transpose(0, 2, 3, 1).copy()
+    kw = dict(padding=1, layout=layout)
+    expected = reference.conv2d_backward(dy, x, w, **kw)[1]
+    with convgen.configure(pixel_rows_nchw_dw_max_weights=0, **dict(VARIANTS["phase planes"])):
+        for count in (1, 2, 3):
+            threads(count)
+            dw = convgen.conv2d_backward(dy, x, w, algorithm="direct", **kw)[1]
+            assert_close(dw, expected, dtype, f"dw on {count} threads, {layout}")
+        if layout == "NCHW":
+            _, call = ops._prepare("conv2d_backward", (dy, x, w), True, "direct", 1, 1, 1, 1, layout,
+                                   padding_mode="zeros")
+            one, two = (call.kernels().workspace_bytes("bwd_weight", call.problem, count) for count in (1, 2))
+            assert two < 2 * one + w.nbytes, (one, two)
+
+
 # ---------------------------------------------------------------------------------------- the GIL
 def _ran_another_thread(call, repeats):
     """Whether this (the main) thread got to run Python code while `call` ran in a worker thread.
