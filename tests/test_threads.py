@@ -11,6 +11,7 @@ import pytest
 
 import convgen
 from convgen import reference
+from convgen.planning.planner import VARIANTS
 from convgen.planning.spec import Window
 from helpers import assert_close, call_problem, kernels_for, planned_threads, seeded_rng
 
@@ -98,24 +99,30 @@ def test_every_thread_count_gives_the_same_result(layout, threads):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("groups", [1, 2])
-def test_weight_gradient_of_one_small_image_uses_the_threads(layout, groups, threads):
-    """Batch 1 with 7 × 7 outputs is one pixel block: the weight gradient's threads split the filters
-    instead (NCHW sums straight into dw, NHWC through one shared gradient), on any thread count, and
-    give the reference's result."""
-    rng = seeded_rng("small image dw", layout, groups)
-    x = rng.standard_normal((1, 128, 7, 7))
-    w = rng.standard_normal((128, 128 // groups, 3, 3))
-    dy = rng.standard_normal((1, 128, 7, 7))
+@pytest.mark.parametrize("channels, filters, size, image", [(128, 128, 3, 7), (64, 512, 1, 14)],
+                         ids=["columns", "filters"])
+def test_weight_gradient_of_one_small_image_uses_the_threads(layout, groups, channels, filters, size, image, threads):
+    """Batch 1 with 7 × 7 outputs is one pixel block, with 14 × 14 two: too few for the threads to split
+    the pixels. The weight gradient's threads split the (channel, tap) columns instead (128 channels ×
+    3 × 3), or, with too few of them for the threads (64 channels, 1 × 1), the filters (NCHW sums
+    straight into dw, NHWC through one shared gradient), on any thread count, and give the reference's
+    result."""
+    rng = seeded_rng("small image dw", layout, groups, size)
+    x = rng.standard_normal((1, channels, image, image))
+    w = rng.standard_normal((filters, channels // groups, size, size))
+    dy = rng.standard_normal((1, filters, image, image))
     if layout == "NHWC":
         x, w, dy = x.transpose(0, 2, 3, 1).copy(), w.transpose(2, 3, 1, 0).copy(), dy.transpose(0, 2, 3, 1).copy()
-    kw = dict(padding=1, groups=groups, layout=layout)
+    kw = dict(padding=size // 2, groups=groups, layout=layout)
     expected = reference.conv2d_backward(dy, x, w, **kw)[1]
-    for count in (1, 2, 3, 5):
-        threads(count)
-        planned = planned_threads("conv2d_backward", x, dy, Window(3, 1, 1), groups, layout, algorithm="direct")
-        assert planned["bwd_weight"] >= min(count, 2), f"{planned} planned for {count} threads"
-        dw = convgen.conv2d_backward(dy, x, w, algorithm="direct", **kw)[1]
-        assert_close(dw, expected, np.float64, f"dw on {count} threads, groups={groups}, {layout}")
+    with convgen.configure(pixel_rows_nchw_dw_max_weights=0, **dict(VARIANTS["phase planes"])):  # (not the rows)
+        for count in (1, 2, 3, 5):
+            threads(count)
+            planned = planned_threads("conv2d_backward", x, dy, Window(size, 1, size // 2), groups, layout,
+                                      algorithm="direct")
+            assert planned["bwd_weight"] >= min(count, 2), f"{planned} planned for {count} threads"
+            dw = convgen.conv2d_backward(dy, x, w, algorithm="direct", **kw)[1]
+            assert_close(dw, expected, np.float64, f"dw on {count} threads, groups={groups}, {layout}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -140,12 +147,10 @@ def test_weight_gradient_summed_from_each_threads_gradient(dtype, threads):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_weight_gradient_of_few_units_splits_the_columns(layout, dtype, threads):
     """8 images of 7 × 7 make four units of the phase planes' weight gradient, too few for a private
-    gradient per thread (72 × 130 × 3 × 3 here): on 2 threads the work items own blocks of the (channel,
-    tap) columns and sum straight into one gradient (in NCHW dw itself: 2 threads ask for twice the
-    memory of one, not that and two private gradients), on 3 they split the filters; the reference's
-    result on 1, 2 and 3 threads."""
+    gradient per thread (72 × 130 × 3 × 3 here): the work items own blocks of the (channel, tap) columns
+    and sum straight into one gradient (in NCHW dw itself: 2 threads ask for twice the memory of one,
+    not that and two private gradients); the reference's result on 1, 2 and 3 threads."""
     from convgen.frontend import ops
-    from convgen.planning.planner import VARIANTS
 
     rng = seeded_rng("dw column split", layout, np.dtype(dtype).name)
     x = rng.standard_normal((8, 130, 7, 7)).astype(dtype)
