@@ -193,11 +193,12 @@ def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int,
         for k in range(accuracy_inputs):
             xk = x if k == 0 else torch.randn(x.shape, generator=torch.Generator().manual_seed(k)).to(
                 memory_format=FORMATS[fmt])
-            want, exact_decisions = _recorded_gradients(exact, xk.double())
+            xk64 = xk.double()
+            want, exact_decisions = _recorded_gradients(exact, xk64)
             for library, model in (("torch", reference), ("convgen", converted)):
                 grads, decisions = _recorded_gradients(model, xk)
                 errors[library].append(_gradient_error(grads, want))
-                replayed[library].append(_gradient_error(grads, _replayed_gradients(exact, xk.double(), decisions)))
+                replayed[library].append(_gradient_error(grads, _replayed_gradients(exact, xk64, decisions)))
                 flips[library] += _flips(decisions, exact_decisions)
         row["accuracy_inputs"] = accuracy_inputs
         for library in ("torch", "convgen"):
