@@ -91,13 +91,39 @@ def test_auto_stays_direct_with_few_channels_and_for_the_generic_build():
     assert planner.plan(_problem(64, 64, Window(3, 1, 1)), False, schedule).spec == ConvSpec(None)
 
 
+def test_training_takes_only_the_accurate_tile_and_only_on_large_enough_images():
+    """"auto-training" (a training step's calls): Winograd at F(2×2) where "auto" takes Winograd on
+    images of 14×14 outputs or more, the direct kernels on smaller ones; its other choices as "auto"'s."""
+    schedule = settings().schedule()
+    assert planner.winograd_tile("float32", schedule) > 2  # (else this test would prove nothing)
+    for size, family, tile in ((14, "winograd", 2), (28, "winograd", 2), (13, "direct", 0), (7, "direct", 0)):
+        for dtype in (np.float32, np.float64):
+            spec = planner.plan(_problem(64, 64, Window(3, 1, 1), size, size, dtype=dtype), True, schedule,
+                                "auto-training").spec
+            assert (spec.family, spec.tile) == (family, tile), (size, dtype)
+    assert planner.plan(_problem(64, 64, Window(3, 1, 1), 7, 28), True, schedule, "auto-training").spec.tile == 2
+    assert planner.plan(_problem(2, 64, Window(3, 1, 1), 28, 28), True, schedule, "auto-training").spec.family == \
+        "direct"
+    assert planner.plan(_problem(64, 64, Window(3, 1, 1), 28, 28, groups=64), True, schedule,
+                        "auto-training").spec.family == "depthwise"
+    assert planner.plan(_problem(64, 64, Window(3, 1, 1), 28, 28), False, schedule, "auto-training").spec == \
+        ConvSpec(None)
+    with convgen.configure(training_winograd_tile=4, training_winograd_min_pixels=1):
+        spec = planner.plan(_problem(64, 64, Window(3, 1, 1), 7, 7), True, settings().schedule(), "auto-training").spec
+        assert (spec.family, spec.tile) == ("winograd", 4)
+    with pytest.raises(ValueError, match=r"training_winograd_tile must be one of Winograd's tiles \(2, 4, 6\)"):
+        with convgen.configure(training_winograd_tile=3):
+            pass
+
+
 def test_forced_winograd_where_it_cannot_apply_is_a_clear_error():
     x, w = np.ones((1, 4, 8, 8)), np.ones((4, 4, 3, 3))
     with pytest.raises(ValueError, match=r"algorithm='winograd' cannot compute this convolution: .* not k3s2p1"):
         convgen.conv2d(x, w, stride=2, padding=1, algorithm="winograd")
     with pytest.raises(ValueError, match=r"algorithm='winograd' needs specialize=True"):
         convgen.conv2d(x, w, padding=1, specialize=False, algorithm="winograd")
-    with pytest.raises(ValueError, match=r"algorithm must be one of 'auto', 'direct', 'winograd', 'depthwise', got 'fft'"):
+    with pytest.raises(ValueError, match=r"algorithm must be one of 'auto', 'direct', 'winograd', 'depthwise', "
+                                         r"'auto-training', got 'fft'"):
         convgen.conv2d(x, w, algorithm="fft")
     with pytest.raises(ValueError, match=r"algorithm must be one of"):
         convgen.Conv2d(4, 4, 3, algorithm=3)

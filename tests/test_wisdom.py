@@ -178,27 +178,33 @@ def test_tune_stops_at_its_budget_and_estimate_measures_nothing(own_wisdom):
         tune([LAYER], budget=0)
 
 
-def test_training_through_pytorch_never_takes_winograd_from_wisdom():
+def test_training_through_pytorch_takes_only_the_accurate_winograd_tile_from_wisdom():
+    """A call whose gradients are wanted plans "auto-training": wisdom's F(4×4) is passed over (its
+    rounding compounds through a training step), its F(2×2) taken, as inference takes either."""
     torch = pytest.importorskip("torch")
     import convgen.torch as ct
     from convgen.torch import library
     layer = Layer(Window(3, 1, 1), 2, 4, 12, 12, 4)  # few channels: the rule takes the direct kernels
     assert _chosen(layer) == ("direct", None, "")
-    _write({(op, layer): ("winograd", 2, "") for op in ("conv2d", "conv2d_backward")})
     x_array, w_array, _ = layer.arrays("conv2d", np.random.default_rng(5))
-    x, w = torch.from_numpy(x_array), torch.from_numpy(w_array)
-    library._BOUND.clear()
-    with torch.no_grad():
-        ct.conv2d(x, w, padding=1)
-    (inference,) = library._BOUND.values()
-    assert inference.forward_call.plan.spec.family == "winograd"
-    library._BOUND.clear()
-    y = ct.conv2d(x.requires_grad_(), w, padding=1)
-    (training,) = library._BOUND.values()
-    assert training.params[5] == "direct" and training.forward_call.plan.spec.family == "direct"
-    y.sum().backward()
-    expected = reference.conv2d_backward(np.ones(y.shape, np.float32), x_array, w_array, padding=1)[0]
-    assert_close(x.grad.numpy(), expected, np.float32, "dx")
+    expected = reference.conv2d_backward(np.ones((2, 4, 12, 12), np.float32), x_array, w_array, padding=1)[0]
+    for tile, training_family in ((4, "direct"), (2, "winograd")):
+        _write({(op, layer): ("winograd", tile, "") for op in ("conv2d", "conv2d_backward")})
+        x, w = torch.from_numpy(x_array.copy()), torch.from_numpy(w_array)
+        library._BOUND.clear()
+        with torch.no_grad():
+            ct.conv2d(x, w, padding=1)
+        (inference,) = library._BOUND.values()
+        assert (inference.forward_call.plan.spec.family, inference.forward_call.plan.spec.tile) == ("winograd", tile)
+        library._BOUND.clear()
+        y = ct.conv2d(x.requires_grad_(), w, padding=1)
+        y.sum().backward()
+        (training,) = library._BOUND.values()
+        assert training.params[5] == "auto-training"
+        for call in (training.forward_call, training.backward_call):
+            assert call.plan.spec.family == training_family
+            assert call.plan.spec.tile == (2 if training_family == "winograd" else 0)
+        assert_close(x.grad.numpy(), expected, np.float32, "dx")
 
 
 def test_compare_times_the_measured_plan_beside_the_estimate():

@@ -160,7 +160,7 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
                                epilogue)
     active = settings()
     # "auto" takes what `convgen tune` measured fastest for the problem's class, where it did
-    measured = wisdom.lookup(op, resolved.problem, active) if algorithm == "auto" and specialize else None
+    measured = wisdom.lookup(op, resolved.problem, active) if algorithm in planner.AUTOMATIC and specialize else None
     plan = planner.plan(resolved.problem, specialize, active.schedule(), algorithm, measured)
     call = _Call(resolved, plan, _adjoint_call(resolved, plan, specialize))
     if key is not None:
@@ -346,6 +346,9 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout
         number of filters per group), specialized or generic; "auto" takes it for such calls from
         8 channels up (`depthwise_min_channels`). Winograd and depthwise pad with zeros only: with
         another padding_mode "auto" runs the direct kernels and naming either is refused.
+        "auto-training" is "auto" for a training step's calls, whose rounding compounds through the
+        step: Winograd only at F(2×2) and on images of 14×14 outputs or more (what convgen.torch
+        runs where a gradient is wanted).
     scale : optional (F,) array: each output channel's sum times scale[f], before the bias (a frozen
         BatchNorm is scale = γ/√(σ² + ε) and bias = β − μ·scale). Folded into a copy of the weights.
     activation : None, or what each output value goes through after the bias, in the kernels' store

@@ -5,8 +5,11 @@ Between the resolved `Problem` and the kernels sits one decision: the family of 
 `"winograd"` and `"depthwise"` name the family; `"auto"` takes depthwise for a depthwise convolution
 (groups == input channels, `Schedule.prefers_depthwise`), else asks the schedule's cost model
 (`Schedule.prefers_winograd`), which only ever picks Winograd where it applies and within its
-accuracy bound. Winograd's generic build is direct: only a window known when the code is generated
-can choose it; depthwise is chosen by the channels and has a generic build of its own.
+accuracy bound. `"auto-training"` is "auto" for the calls of a training step, whose rounding
+compounds through the step: Winograd only with its most accurate tile, F(2×2), and only where that
+beats the direct kernels (`Schedule.prefers_training_winograd`). Winograd's generic build is direct:
+only a window known when the code is generated can choose it; depthwise is chosen by the channels
+and has a generic build of its own.
 Adding an algorithm is a template folder, a rule here and its tests.
 """
 
@@ -20,7 +23,8 @@ from .problem import Problem
 from .schedule import Schedule
 from .spec import WINOGRAD_WINDOW_TEXT, ConvSpec, winograd_computes
 
-ALGORITHMS = ("auto", "direct", "winograd", "depthwise")
+ALGORITHMS = ("auto", "direct", "winograd", "depthwise", "auto-training")
+AUTOMATIC = ("auto", "auto-training")  # the algorithms the planner chooses a family for
 
 
 # Schedule variants of the direct family that `convgen tune` measures beside its rule (which picks,
@@ -94,23 +98,27 @@ def depthwise_refusal(problem: Problem) -> str | None:
     return f"the depthwise family computes groups == input channels, got groups={conv.groups} and {conv.c} input channels"
 
 
-def winograd_tile(dtype: str, schedule: Schedule) -> int:
-    """The schedule's Winograd tile for `dtype`, or the largest smaller one within the accuracy bound."""
-    candidates = [m for m in winograd.TILES if m <= schedule.winograd_tile and winograd.within_bound(m, dtype)]
-    return max(candidates)
+def winograd_tile(dtype: str, schedule: Schedule, training: bool = False) -> int:
+    """The schedule's Winograd tile for `dtype` (for a training step's calls, its training tile if
+    smaller), or the largest smaller one within the accuracy bound."""
+    largest = schedule.winograd_tile if not training else min(schedule.winograd_tile,
+                                                               schedule.training_winograd_tile)
+    return max(m for m in winograd.TILES if m <= largest and winograd.within_bound(m, dtype))
 
 
 def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str = "auto",
          measured=None) -> Plan:
     """The plan for `problem`: its family, specialized for its window or generic, under `schedule`.
 
-    `measured`, for "auto": the algorithm (and Winograd tile) measured fastest for the problem's
-    class on this machine (convgen.runtime.wisdom.Choice), taken where it can compute the problem
-    and Winograd's tile is within its accuracy bound, else the rule below decides."""
+    `measured`, for "auto" and "auto-training": the algorithm (and Winograd tile) measured fastest
+    for the problem's class on this machine (convgen.runtime.wisdom.Choice), taken where it can
+    compute the problem and Winograd's tile is within its accuracy bound (for "auto-training": is
+    the training tile or smaller), else the rule below decides."""
     algorithm = as_algorithm(algorithm)
-    if algorithm == "auto" and specialize and measured is not None:
+    training = algorithm == "auto-training"
+    if algorithm in AUTOMATIC and specialize and measured is not None:
         chosen = _measured_plan(problem, schedule, measured)
-        if chosen is not None:
+        if chosen is not None and not (training and chosen.spec.tile > schedule.training_winograd_tile):
             return chosen
     window = problem.window if specialize else None
     # A specialized module is generated for the epilogue's kind; the generic one takes it at run time.
@@ -118,7 +126,7 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
     direct = Plan(ConvSpec(window, problem.dtype, problem.layout, epilogue=epilogue), schedule)
     if algorithm == "direct":
         return direct
-    if algorithm in ("auto", "depthwise"):
+    if algorithm in (*AUTOMATIC, "depthwise"):
         refusal = depthwise_refusal(problem)
         if algorithm == "depthwise" and refusal is not None:
             raise ValueError(f"algorithm='depthwise' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
@@ -132,10 +140,12 @@ def plan(problem: Problem, specialize: bool, schedule: Schedule, algorithm: str 
     refusal = winograd_refusal(problem, schedule)
     if algorithm == "winograd" and refusal is not None:
         raise ValueError(f"algorithm='winograd' cannot compute this convolution: {refusal}; use 'auto' or 'direct'")
-    if algorithm == "auto" and (refusal is not None or not schedule.prefers_winograd(problem.conv())):
+    if algorithm in AUTOMATIC and (refusal is not None or not schedule.prefers_winograd(problem.conv())):
         return direct
-    spec = ConvSpec(problem.window, problem.dtype, problem.layout, "winograd", winograd_tile(problem.dtype, schedule),
-                    epilogue)
+    if training and not schedule.prefers_training_winograd(problem.conv()):
+        return direct
+    spec = ConvSpec(problem.window, problem.dtype, problem.layout, "winograd",
+                    winograd_tile(problem.dtype, schedule, training), epilogue)
     return Plan(spec, schedule)
 
 
@@ -207,5 +217,5 @@ def candidates(problem: Problem, schedule: Schedule) -> list:
     return found
 
 
-__all__ = ["ADJOINT_MAX_GROUP_CHANNELS", "ALGORITHMS", "VARIANTS", "Plan", "adjoint_forward", "as_algorithm", "plan",
+__all__ = ["ADJOINT_MAX_GROUP_CHANNELS", "ALGORITHMS", "AUTOMATIC", "VARIANTS", "Plan", "adjoint_forward", "as_algorithm", "plan",
            "candidates", "depthwise_refusal", "winograd_refusal", "winograd_tile"]

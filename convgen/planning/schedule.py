@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 
+from . import winograd
 
 ISAS = ("avx512", "avx2", "portable")
 
@@ -42,6 +43,14 @@ class Schedule:
     winograd_tile: int = 4
     winograd_max_filter_bytes: int = 16 << 20
     winograd_min_channels: int = 8
+    # A training step's calls (algorithm "auto-training") take Winograd at most at this tile, and only
+    # on images of at least this many output pixels. F(4×4)'s rounding in the forward pass compounds
+    # through the step: ResNet-18's parameter gradients came 3.3× further from float64 than PyTorch's;
+    # F(2×2)'s, in the forward pass and the input gradient, as far as PyTorch's (docs/algorithms.md).
+    # F(2×2) against the direct kernels (batch 8, 2 threads, AVX-512 Xeon, forward and input gradient,
+    # NCHW and NHWC): 64 × 56² 1.35-1.8×, 64 × 28² 1.35-1.7×, 128 × 14² 1.35-1.5×, 256 × 7² 0.7-0.85×.
+    training_winograd_tile: int = 2
+    training_winograd_min_pixels: int = 14 * 14
     # ... and the micro-tile of its modules, rows × vectors (0, 0: mr × nr_vectors). The columns of its
     # batched multiplies are a call's output tiles, few in deep layers at small batch (16 at 14×14,
     # batch 1), where AVX-512's 8 × 3 vectors left two thirds of each 48-column tile padding. Measured
@@ -146,6 +155,11 @@ class Schedule:
         """The cost model of `algorithm="auto"` for a convolution Winograd can compute (a Problem)."""
         return min(conv.c // conv.groups, conv.f // conv.groups) >= self.winograd_min_channels
 
+    def prefers_training_winograd(self, conv) -> bool:
+        """Whether "auto-training" takes Winograd (at `training_winograd_tile`) for a convolution
+        "auto" takes it for (a Problem's conv())."""
+        return conv.ho * conv.wo >= self.training_winograd_min_pixels
+
     def prefers_depthwise(self, conv) -> bool:
         """The cost model of `algorithm="auto"` for a depthwise convolution (a Problem's conv()).
 
@@ -234,10 +248,13 @@ def get_schedule(supported: tuple[str, ...], isa: str | None = None, **overrides
                  "winograd_max_filter_bytes", "winograd_min_channels", "dw_dot_max_filters", "dot_filters",
                  "dot_columns", "depthwise_pixels", "depthwise_vectors", "depthwise_rows",
                  "depthwise_min_channels", "pixel_rows_min_work", "pixel_rows_dx_vector_share",
-                 "pixel_rows_nchw_max_pixels"):
+                 "pixel_rows_nchw_max_pixels", "training_winograd_min_pixels"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"schedule {name} must be a positive int, got {value!r}")
+    if schedule.training_winograd_tile not in winograd.TILES:
+        raise ValueError(f"schedule training_winograd_tile must be one of Winograd's tiles {winograd.TILES}, "
+                         f"got {schedule.training_winograd_tile!r}")
     for name in ("winograd_mr", "winograd_nr_vectors"):
         value = getattr(schedule, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

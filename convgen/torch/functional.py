@@ -18,7 +18,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     stride, dilation : int or (h, w). padding : int, (h, w), ((top, bottom), (left, right)), "valid"
         or "same" (for stride 1 PyTorch's rule; for larger strides convgen's, TensorFlow's: output
         ceil(H / stride)).
-    algorithm : "auto", "direct" or "winograd", as for `convgen.conv2d`.
+    algorithm : "auto", "direct" or "winograd", as for `convgen.conv2d`. Where a gradient is wanted,
+        "auto" runs as "auto-training" (Winograd only at its most accurate tile, F(2×2)).
     padding_mode : "zeros" (default), "reflect", "replicate" or "circular", as `torch.nn.Conv2d`'s
         (which `torch.nn.functional.conv2d` lacks): the kernels read the padding from the image, with
         no padded copy, and the backward pass adds its gradient back into the pixels it copied.

@@ -505,9 +505,6 @@ class Bound:
         self.kind, self.params, self.unbatched = kind, params, unbatched
         last = self.last = channels_last(kind, x)
         x_array, w_array = image_array(kind, x, last), weight_array(kind, weight, last)
-        if params[5] == AUTO_FOR_TRAINING:
-            params = (*params[:5], _algorithm_for_training(kind, x, weight, *params[:5], params[6]), params[6])
-            self.params = params
         kwargs = _convgen_kwargs(kind, *params, last)
         self.forward_call = convgen_ops.prepare(
             kind.forward, (x_array, w_array, None if bias is None else _numpy(bias.contiguous())), **kwargs)
@@ -727,26 +724,9 @@ def bound_call(kind: Kind, x, weight, bias, params) -> Bound:
 
 # ----------------------------------------------------------------------------- public functions
 # The algorithm a call whose gradients are wanted passes for "auto", in eager calls and in traced
-# graphs alike: "auto" without Winograd (see `_algorithm_for_training`).
+# graphs alike: the planner's "auto" for the calls of a training step, which takes Winograd only with
+# a tile whose rounding does not compound through the step (see convgen.planning.planner).
 AUTO_FOR_TRAINING = "auto-training"
-
-
-def _algorithm_for_training(kind: Kind, x, weight, stride, pads, output_padding, dilation, groups,
-                            padding_mode) -> str:
-    """"direct" where "auto" would take Winograd for a call whose gradients are wanted, else "auto".
-
-    Winograd's rounding compounds through a training step: on ResNet-18 (training-mode BatchNorm,
-    batch 8 at 112²) the parameters' gradients came 5e-3 from float64 with it (F(2×2) 1e-3) against
-    7e-6 for PyTorch and 1.2e-5 for convgen's direct kernels, which took 9 % longer
-    (bench/end_to_end.py). Inference keeps Winograd: its outputs agree with PyTorch's to 2e-7.
-    """
-    problem = _problem(kind, x, weight, stride, pads, output_padding, dilation, groups, padding_mode,
-                       channels_last(kind, x))
-    active = settings()
-    # (what `convgen tune` measured may take Winograd too, for the forward op or the gradients')
-    chosen = [planner.plan(problem, True, active.schedule(), "auto", wisdom.lookup(op, problem, active)).family
-              for op in (kind.forward, kind.backward)]
-    return "direct" if "winograd" in chosen else "auto"
 
 
 def _check_tensors(kind: Kind, x, weight, bias):
