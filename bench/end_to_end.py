@@ -15,7 +15,10 @@ of each library against the same step computed in float64 (‖g − g64‖ / ‖
 the geometric mean over ten inputs (three with --quick); then against the float64 step made to take
 the float32 step's own decisions (`DECIDING`: which values each ReLU passes and each max-pool picks),
 what each library's rounding alone does to the gradients; and how many decisions flipped against
-float64's.
+float64's. Beside each time, the memory pages each run first touched (minor page faults, median per
+sample): glibc maps every allocation past its threshold (32 MB at most) anew and unmaps it when freed,
+so a batch of 8 at 224² may fault in hundreds of megabytes per run, and how much depends on what the
+process allocated before: it is why a case moves by 10–50 % between runs, in either library.
 Writes bench/results/end_to_end.md, naming the CPU.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import resource
 import statistics
 import sys
 import time
@@ -145,10 +149,12 @@ ACCURACY_INPUTS = 10
 QUICK_ACCURACY_INPUTS = 3
 
 
-def _timed(call) -> float:
+def _timed(call) -> tuple[float, int]:
+    """(seconds, minor page faults) of one call."""
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     call()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 def build_models(name: str, fmt: str, training: bool):
@@ -206,19 +212,24 @@ def run_case(name: str, fmt: str, mode: str, batch: int, size: int, repeat: int,
             row[f"{library}_grad_error_same_decisions"] = statistics.geometric_mean(replayed[library])
         row["torch_flips"], row["convgen_flips"] = flips["torch"], flips["convgen"]
     samples = {"torch": [], "convgen": []}
+    faults = {"torch": [], "convgen": []}
     for r in range(repeat):
         order = (("torch", reference), ("convgen", converted))
         for library, model in (order if r % 2 == 0 else order[::-1]):
-            samples[library].append(_timed(lambda: call(model)))
-    row["torch_ms"] = statistics.median(samples["torch"]) * 1e3
-    row["convgen_ms"] = statistics.median(samples["convgen"]) * 1e3
+            seconds, faulted = _timed(lambda: call(model))
+            samples[library].append(seconds)
+            faults[library].append(faulted)
+    for library in ("torch", "convgen"):
+        row[f"{library}_ms"] = statistics.median(samples[library]) * 1e3
+        row[f"{library}_faults"] = round(statistics.median(faults[library]))
     row["speedup"] = row["torch_ms"] / row["convgen_ms"]
     return row
 
 
 def table(rows: list) -> list[str]:
-    lines = ["| model | memory format | run | PyTorch (ms) | convgen (ms) | convgen speedup | accuracy |",
-             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    lines = ["| model | memory format | run | PyTorch (ms) | convgen (ms) | convgen speedup | "
+             "page faults per run: PyTorch / convgen | accuracy |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         if r["mode"] == "inference":
             accuracy = f"output vs PyTorch {r['error']:.1e}"
@@ -228,7 +239,8 @@ def table(rows: list) -> list[str]:
                         f"{r['torch_grad_error_same_decisions']:.1e}, convgen {r['convgen_grad_error_same_decisions']:.1e}; "
                         f"decisions flipped: PyTorch {r['torch_flips']}, convgen {r['convgen_flips']}")
         lines.append(f"| {r['model']} | {r['format']} | {r['mode']} batch {r['batch']}, {r['size']}² | "
-                     f"{r['torch_ms']:.1f} | {r['convgen_ms']:.1f} | {r['speedup']:.2f}× | {accuracy} |")
+                     f"{r['torch_ms']:.1f} | {r['convgen_ms']:.1f} | {r['speedup']:.2f}× | "
+                     f"{r['torch_faults']} / {r['convgen_faults']} | {accuracy} |")
     speedups = [r["speedup"] for r in rows]
     geomean = statistics.geometric_mean(speedups)
     lines += ["", f"Geometric mean speedup {geomean:.2f}× over {len(rows)} cases; lowest {min(speedups):.2f}×."]

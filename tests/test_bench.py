@@ -555,8 +555,10 @@ def test_end_to_end_bench_times_a_converted_model_and_checks_it(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[3]) > 0 and float(cells[4]) > 0
-        numbers = [float(v.rstrip(",;")) for v in cells[6].split() if v[0].isdigit()]
-        if "output vs PyTorch" in cells[6]:
+        torch_faults, convgen_faults = (int(v) for v in cells[6].split(" / "))  # pages first touched per run
+        assert torch_faults >= 0 and convgen_faults >= 0
+        numbers = [float(v.rstrip(",;")) for v in cells[7].split() if v[0].isdigit()]
+        if "output vs PyTorch" in cells[7]:
             assert numbers[0] < 1e-4
         else:  # "grads vs float64, over 3 inputs: PyTorch e1, convgen e2; float64 taking float32's
             # decisions: PyTorch e3, convgen e4; decisions flipped: PyTorch k1, convgen k2"
