@@ -159,8 +159,10 @@ def _prepare(op, arrays, specialize, algorithm, stride, padding, dilation, group
     arrays, resolved = resolve(op, arrays, stride, padding, dilation, groups, layout, output_padding, padding_mode,
                                epilogue)
     active = settings()
-    # "auto" takes what `convgen tune` measured fastest for the problem's class, where it did
-    measured = wisdom.lookup(op, resolved.problem, active) if algorithm in planner.AUTOMATIC and specialize else None
+    # "auto" (and "auto-training") takes what `convgen tune` measured fastest for the problem's class,
+    # where it did
+    automatic = algorithm in planner.AUTOMATIC and specialize
+    measured = wisdom.lookup(op, resolved.problem, active) if automatic else None
     plan = planner.plan(resolved.problem, specialize, active.schedule(), algorithm, measured)
     call = _Call(resolved, plan, _adjoint_call(resolved, plan, specialize))
     if key is not None:

@@ -217,5 +217,5 @@ def candidates(problem: Problem, schedule: Schedule) -> list:
     return found
 
 
-__all__ = ["ADJOINT_MAX_GROUP_CHANNELS", "ALGORITHMS", "AUTOMATIC", "VARIANTS", "Plan", "adjoint_forward", "as_algorithm", "plan",
-           "candidates", "depthwise_refusal", "winograd_refusal", "winograd_tile"]
+__all__ = ["ADJOINT_MAX_GROUP_CHANNELS", "ALGORITHMS", "AUTOMATIC", "VARIANTS", "Plan", "adjoint_forward",
+           "as_algorithm", "plan", "candidates", "depthwise_refusal", "winograd_refusal", "winograd_tile"]

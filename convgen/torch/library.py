@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from ..frontend import ops as convgen_ops
-from ..planning import planner
 from ..planning.planner import as_algorithm
 from ..frontend.resolve import as_padding_mode, conv_problem, transposed_problem
 from ..planning.spec import Window, as_int, explicit_padding
